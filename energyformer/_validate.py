@@ -1,0 +1,53 @@
+"""Small helpers that turn invalid values into clear ``ValueError`` messages.
+
+Every message names the offending option, the value received and what was expected,
+so that a mistyped YAML key or flag is fixed in one look.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+
+def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
+    """Raise ``ValueError`` unless ``value`` is one of ``choices``; return it."""
+    choices = tuple(choices)
+    if value not in choices:
+        allowed = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"{name}={value!r} is not valid; expected one of {allowed}")
+    return value
+
+
+def check_int(name: str, value: Any, minimum: int | None = 1, maximum: int | None = None) -> int:
+    """Raise ``ValueError`` unless ``value`` is an int within ``[minimum, maximum]``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}={value!r} must be an integer")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name}={value} must be >= {minimum}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name}={value} must be <= {maximum}")
+    return value
+
+
+def check_float(name: str, value: Any, minimum: float | None = None, *, strict: bool = False,
+                maximum: float | None = None) -> float:
+    """Raise ``ValueError`` unless ``value`` is a finite real number above ``minimum``.
+
+    ``strict=True`` requires ``value > minimum``; otherwise ``value >= minimum``.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name}={value!r} must be a finite number")
+    if minimum is not None:
+        if strict and not value > minimum:
+            raise ValueError(f"{name}={value} must be > {minimum}")
+        if not strict and not value >= minimum:
+            raise ValueError(f"{name}={value} must be >= {minimum}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name}={value} must be <= {maximum}")
+    return float(value)
+
+
+def check_divides(name_a: str, a: int, name_b: str, b: int) -> None:
+    """Raise ``ValueError`` unless ``a`` divides ``b`` (e.g. ``n_heads`` divides ``d_model``)."""
+    if b % a != 0:
+        raise ValueError(f"{name_a}={a} must divide {name_b}={b} (got remainder {b % a})")

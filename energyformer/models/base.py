@@ -1,0 +1,153 @@
+"""What every language model in energyformer shares.
+
+A model is a ``CausalLM``: it owns a dataclass ``config`` with at least ``vocab_size`` and
+``block_size``, maps token ids ``(B, N)`` (int64) to logits ``(B, N, V)`` and returns
+``(logits, loss)`` from ``forward(idx, targets=None)``. Input validation, the loss and
+sampling live here once so that every architecture behaves the same on bad input.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from energyformer._validate import check_float, check_int
+
+
+@dataclass
+class ModelConfig:
+    """Fields every model config has. Subclasses add their own and call ``super().__post_init__()``.
+
+    ``arch`` names the registry entry (see ``energyformer.models.registry``).
+    """
+
+    arch: ClassVar[str] = ""
+    vocab_size: int = 65
+    block_size: int = 256
+
+    def __post_init__(self) -> None:
+        check_int("vocab_size", self.vocab_size, 1)
+        check_int("block_size", self.block_size, 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict with ``arch`` first: what recipes and checkpoints store."""
+        return {"arch": self.arch, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+        """Build from a dict, raising ``ValueError`` for keys the config does not have."""
+        d = dict(d)
+        arch = d.pop("arch", cls.arch)
+        if arch != cls.arch:
+            raise ValueError(f"model.arch={arch!r} does not match {cls.__name__} (arch {cls.arch!r})")
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(
+                f"unknown model config key(s) {unknown} for arch {cls.arch!r}; "
+                f"expected some of {sorted(names)}")
+        return cls(**d)
+
+
+class CausalLM(nn.Module):
+    """Base class for all language models: validation, loss, parameter counts, ``generate``.
+
+    Subclasses implement ``forward(idx, targets=None, **kw) -> (logits, loss)`` and call
+    ``self.check_input(idx)`` first and ``self.lm_loss(logits, targets)`` last.
+    """
+
+    config: ModelConfig
+
+    def check_input(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> None:
+        """Validate token ids ``(B, N)``.
+
+        Raises:
+            ValueError: wrong dtype or rank, ``N > block_size``, ``N == 0``, or an id outside
+                ``[0, vocab_size)``; each message names the value and what was expected.
+        """
+        if not isinstance(idx, torch.Tensor):
+            raise ValueError(f"idx must be a torch.Tensor of token ids, got {type(idx).__name__}")
+        if idx.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+            raise ValueError(f"idx must hold integer token ids (torch.long), got dtype {idx.dtype}")
+        if idx.dim() != 2:
+            raise ValueError(f"idx must have shape (B, N), got shape {tuple(idx.shape)}")
+        n = idx.shape[1]
+        if n == 0:
+            raise ValueError("idx has sequence length 0; expected at least 1 token")
+        if n > self.config.block_size:
+            raise ValueError(
+                f"sequence length {n} exceeds block_size={self.config.block_size}; "
+                f"crop the input to the last {self.config.block_size} tokens")
+        if idx.numel():
+            lo, hi = int(idx.min()), int(idx.max())
+            if lo < 0 or hi >= self.config.vocab_size:
+                bad = lo if lo < 0 else hi
+                raise ValueError(
+                    f"token id {bad} is out of range; expected ids in [0, {self.config.vocab_size})")
+        if targets is not None:
+            if targets.shape != idx.shape:
+                raise ValueError(
+                    f"targets shape {tuple(targets.shape)} must equal idx shape {tuple(idx.shape)}")
+
+    @staticmethod
+    def lm_loss(logits: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor | None:
+        """Mean next-token cross-entropy over all positions (targets ``-1`` are ignored)."""
+        if targets is None:
+            return None
+        return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1),
+                               ignore_index=-1)
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Number of parameters (shared tensors counted once).
+
+        ``non_embedding=True`` subtracts the token (and learned position) embedding tables,
+        following nanoGPT's convention; subclasses list them in ``embedding_params()``.
+        """
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= sum(p.numel() for p in self.embedding_params())
+        return n
+
+    def embedding_params(self) -> list[nn.Parameter]:
+        """Embedding tables excluded from the non-embedding count (override per model)."""
+        return []
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, generator: torch.Generator | None = None,
+                 **forward_kwargs: Any) -> torch.Tensor:
+        """Sample ``max_new_tokens`` tokens after the prompt ``idx`` ``(B, N)``; returns ``(B, N + max_new_tokens)``.
+
+        The context is cropped to the last ``block_size`` tokens. ``temperature=0`` is greedy
+        decoding. Extra keyword arguments go to ``forward`` (e.g. ``n_steps`` for NRGPT).
+
+        Raises:
+            ValueError: negative ``max_new_tokens`` or ``temperature``, ``top_k < 1``, bad ``idx``.
+        """
+        check_int("max_new_tokens", max_new_tokens, 0)
+        check_float("temperature", temperature, 0.0)
+        if top_k is not None:
+            check_int("top_k", top_k, 1)
+        was_training = self.training
+        self.eval()
+        try:
+            for _ in range(max_new_tokens):
+                idx_cond = idx[:, -self.config.block_size:]
+                logits, _ = self(idx_cond, **forward_kwargs)
+                logits = logits[:, -1, :].float()
+                if temperature == 0:
+                    nxt = logits.argmax(dim=-1, keepdim=True)
+                else:
+                    logits = logits / temperature
+                    if top_k is not None:
+                        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                        logits = logits.masked_fill(logits < v[:, [-1]], float("-inf"))
+                    probs = F.softmax(logits, dim=-1)
+                    nxt = torch.multinomial(probs, num_samples=1, generator=generator)
+                idx = torch.cat((idx, nxt.to(idx.dtype)), dim=1)
+        finally:
+            self.train(was_training)
+        return idx

@@ -1,0 +1,60 @@
+"""Architecture names → (config class, model class), imported lazily.
+
+``build_model`` accepts a model config object, a dict with an ``arch`` key, or the path of a
+YAML recipe (its ``model:`` section; ``vocab_size`` is read from the recipe's data ``meta.json``
+when the recipe does not give it).
+"""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import torch.nn as nn
+
+from energyformer._validate import check_choice
+from energyformer.models.base import CausalLM, ModelConfig
+
+# arch name -> (module, model class, config class)
+ARCHS: dict[str, tuple[str, str, str]] = {
+    "gpt": ("energyformer.models.gpt", "GPT", "GPTConfig"),
+    "nrgpt": ("energyformer.models.nrgpt", "NRGPT", "NRGPTConfig"),
+    "cem": ("energyformer.models.cem", "CEMLlama", "CEMConfig"),
+    "llama": ("energyformer.models.llama", "Llama", "LlamaConfig"),
+    "gpt_rec": ("energyformer.models.recurrent_gpt", "RecurrentGPT", "RecurrentGPTConfig"),
+}
+
+
+def get_arch(arch: str) -> tuple[type[CausalLM], type[ModelConfig]]:
+    """Return ``(ModelClass, ConfigClass)`` for a registered ``arch`` name."""
+    check_choice("model.arch", arch, ARCHS)
+    mod_name, model_name, cfg_name = ARCHS[arch]
+    mod = importlib.import_module(mod_name)
+    return getattr(mod, model_name), getattr(mod, cfg_name)
+
+
+def config_from_dict(d: dict[str, Any]) -> ModelConfig:
+    """Build the right config class from a dict with an ``arch`` key."""
+    if "arch" not in d:
+        raise ValueError(f"model config needs an 'arch' key, one of {sorted(ARCHS)}; got keys {sorted(d)}")
+    _, cfg_cls = get_arch(d["arch"])
+    return cfg_cls.from_dict(d)
+
+
+def build_model(spec: "ModelConfig | dict[str, Any] | str | Path") -> nn.Module:
+    """Build a freshly initialized model from a config, a dict, or a YAML recipe path.
+
+    Raises:
+        ValueError: unknown arch or config keys, invalid values.
+        FileNotFoundError: the recipe path does not exist.
+    """
+    if isinstance(spec, (str, Path)):
+        from energyformer.train.config import load_config  # recipes live with the train config
+
+        spec = load_config(spec, resolve_vocab=True).model
+    if isinstance(spec, dict):
+        spec = config_from_dict(spec)
+    if not isinstance(spec, ModelConfig):
+        raise ValueError(f"build_model expects a ModelConfig, dict or recipe path, got {type(spec).__name__}")
+    model_cls, _ = get_arch(spec.arch)
+    return model_cls(spec)
