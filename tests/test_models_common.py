@@ -1,0 +1,113 @@
+"""Properties every architecture must have: causality, bad-input errors, generate, ids → logits shapes."""
+import pytest
+import torch
+
+from energyformer import build_model
+from energyformer.models import ARCHS
+
+V, BLOCK = 23, 16
+
+TINY = {
+    "gpt": [dict(d_model=16, n_layers=2, n_heads=2)],
+    "llama": [dict(d_model=16, n_layers=2, n_heads=2, d_ff=24), dict(d_model=16, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=24)],
+    "gpt_rec": [dict(d_model=16, n_heads=2, n_steps=3, parallel=False), dict(d_model=16, n_heads=2, n_steps=3, parallel=True)],
+    "nrgpt": [dict(d_model=16, n_heads=2, n_steps=3), dict(d_model=16, n_heads=2, n_steps=2, ff="ff1", mask="inclusive")],
+    "cem": [dict(d_model=16, n_layers=2, n_heads=2, d_ff=24),
+            dict(d_model=16, n_layers=1, n_heads=2, d_ff=24, n_steps=2, interaction="diag_shared",
+                 preconditioner="diag_lowrank", preconditioner_rank=2)],
+}
+CASES = [(arch, kw) for arch, kws in TINY.items() for kw in kws]
+IDS = [f"{a}-{i}" for a, kws in TINY.items() for i in range(len(kws))]
+
+
+def make(arch, kw):
+    torch.manual_seed(0)
+    model = build_model({"arch": arch, "vocab_size": V, "block_size": BLOCK, **kw})
+    return model.eval()
+
+
+def _perturb_all_weights(model):
+    """Give zero-initialised parameters (diagonals, preconditioner factors) non-trivial values."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+
+
+def test_every_registered_arch_is_covered():
+    assert set(TINY) == set(ARCHS)
+
+
+@pytest.mark.parametrize("arch,kw", CASES, ids=IDS)
+def test_causality(arch, kw):
+    model = make(arch, kw)
+    _perturb_all_weights(model)
+    g = torch.Generator().manual_seed(2)
+    idx = torch.randint(0, V, (2, BLOCK), generator=g)
+    logits, _ = model(idx)
+    for i in (0, 5, BLOCK - 2):
+        changed = idx.clone()
+        changed[:, i + 1:] = torch.randint(0, V, changed[:, i + 1:].shape, generator=g)
+        logits2, _ = model(changed)
+        torch.testing.assert_close(logits2[:, : i + 1], logits[:, : i + 1], rtol=0, atol=1e-5)
+        assert not torch.allclose(logits2[:, i + 1:], logits[:, i + 1:])  # later positions do see the change
+
+
+@pytest.mark.parametrize("arch,kw", CASES, ids=IDS)
+def test_shapes_loss_and_generate(arch, kw):
+    model = make(arch, kw)
+    idx = torch.randint(0, V, (3, 7))
+    logits, loss = model(idx, targets=idx)
+    assert logits.shape == (3, 7, V)
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    assert abs(loss.item() - torch.log(torch.tensor(float(V))).item()) < 1.0  # near uniform at init
+    out = model.generate(idx[:, :2], max_new_tokens=BLOCK + 3, temperature=0.8, top_k=5,
+                         generator=torch.Generator().manual_seed(0))
+    assert out.shape == (3, 2 + BLOCK + 3)
+    assert int(out.min()) >= 0 and int(out.max()) < V
+    greedy1 = model.generate(idx[:, :2], max_new_tokens=4, temperature=0.0)
+    greedy2 = model.generate(idx[:, :2], max_new_tokens=4, temperature=0.0)
+    assert torch.equal(greedy1, greedy2)
+
+
+@pytest.mark.parametrize("arch,kw", CASES, ids=IDS)
+def test_bad_input_is_a_clear_error(arch, kw):
+    model = make(arch, kw)
+    with pytest.raises(ValueError, match=rf"token id {V} is out of range.*\[0, {V}\)"):
+        model(torch.tensor([[0, 1, V]]))
+    with pytest.raises(ValueError, match="token id -1"):
+        model(torch.tensor([[0, -1]]))
+    with pytest.raises(ValueError, match=f"sequence length {BLOCK + 1} exceeds block_size={BLOCK}"):
+        model(torch.zeros(1, BLOCK + 1, dtype=torch.long))
+    with pytest.raises(ValueError, match="dtype torch.float32"):
+        model(torch.zeros(1, 4))
+    with pytest.raises(ValueError, match=r"shape \(B, N\)"):
+        model(torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match="targets shape"):
+        model(torch.zeros(1, 4, dtype=torch.long), targets=torch.zeros(1, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        model.generate(torch.zeros(1, 2, dtype=torch.long), max_new_tokens=-1)
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate(torch.zeros(1, 2, dtype=torch.long), max_new_tokens=1, temperature=-0.5)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_invalid_config_values(arch):
+    base = {"arch": arch, "vocab_size": V, "block_size": BLOCK, **TINY[arch][0]}
+    with pytest.raises(ValueError, match="unknown model config key"):
+        build_model({**base, "d_modle": 32})
+    with pytest.raises(ValueError, match="n_heads=3 must divide d_model=16"):
+        build_model({**base, "n_heads": 3})
+    with pytest.raises(ValueError, match="vocab_size=0"):
+        build_model({**base, "vocab_size": 0})
+    with pytest.raises(ValueError, match="model.arch='nope'"):
+        build_model({**base, "arch": "nope"})
+
+
+def test_gpt_parameter_count_matches_reference_code():
+    """SPEC §4.9: GPT 12L at d=768, H=12, V=50304, block 1024 with untied head = 163,132,032."""
+    with torch.device("meta"):
+        m = build_model({"arch": "gpt", "vocab_size": 50304, "block_size": 1024, "d_model": 768,
+                         "n_layers": 12, "n_heads": 12})
+    assert m.num_params() == 163_132_032
+    assert m.num_params(non_embedding=True) == 163_132_032 - 50304 * 768 - 1024 * 768
