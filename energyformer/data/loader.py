@@ -1,0 +1,151 @@
+"""Reading prepared datasets: ``meta.json``, uint16 memmap splits and random training batches.
+
+A prepared data directory holds ``train.bin`` and ``val.bin`` (raw little-endian uint16 token
+ids, read as ``np.memmap``) and ``meta.json`` (see :mod:`energyformer.data.prepare`).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .._validate import check_choice, check_int
+
+SPLITS = ("train", "val")
+TOKEN_DTYPE = np.uint16
+REQUIRED_META_KEYS = ("tokenizer", "vocab_size", "n_train", "n_val", "format_version")
+
+
+def _prepare_hint(data_dir: Path) -> str:
+    from .prepare import DATASETS
+
+    if data_dir.name in DATASETS:
+        return f"run `energyformer prepare {data_dir.name}` first"
+    return (f"run `energyformer prepare <name>` (datasets: {', '.join(DATASETS)}) or "
+            f"`energyformer prepare text --input FILE --out {data_dir}` first")
+
+
+def load_meta(data_dir: str | Path) -> dict:
+    """Read ``<data_dir>/meta.json``.
+
+    Returns:
+        the metadata dict (tokenizer, vocab_size, n_train, n_val, sha256, source, ...).
+
+    Raises:
+        FileNotFoundError: no ``meta.json``; the message says which ``energyformer prepare``
+            command creates it.
+        ValueError: the file is not valid JSON, not an object, or lacks a required key.
+    """
+    data_dir = Path(data_dir)
+    path = data_dir / "meta.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: the dataset is not prepared; {_prepare_hint(data_dir)}")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is corrupt (not valid JSON: {exc}); rerun the prepare command "
+                         f"with --force ({_prepare_hint(data_dir)})") from exc
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path} is corrupt: expected a JSON object, got {type(meta).__name__}")
+    missing = [k for k in REQUIRED_META_KEYS if k not in meta]
+    if missing:
+        raise ValueError(f"{path} lacks required keys {missing}; rerun the prepare command with --force")
+    return meta
+
+
+def load_split(data_dir: str | Path, split: str) -> np.memmap:
+    """Memory-map one split of a prepared dataset.
+
+    Args:
+        data_dir: the prepared directory (e.g. ``data/shakespeare_char``).
+        split: ``"train"`` or ``"val"``.
+
+    Returns:
+        read-only ``np.memmap`` of dtype uint16 and shape (n_train,) or (n_val,).
+
+    Raises:
+        ValueError: ``split`` is not "train"/"val", or the file size disagrees with meta.json
+            (truncated or stale file; the message says to re-prepare with --force).
+        FileNotFoundError: meta.json or the ``.bin`` file is missing.
+    """
+    check_choice("split", split, SPLITS)
+    data_dir = Path(data_dir)
+    meta = load_meta(data_dir)
+    path = data_dir / f"{split}.bin"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; {_prepare_hint(data_dir)}")
+    n_tokens = int(meta[f"n_{split}"])
+    expected = n_tokens * np.dtype(TOKEN_DTYPE).itemsize
+    size = path.stat().st_size
+    if size != expected:
+        raise ValueError(
+            f"{path} has {size} bytes but meta.json says n_{split}={n_tokens} uint16 tokens "
+            f"({expected} bytes): the file is truncated or stale; re-prepare the dataset with --force")
+    if n_tokens == 0:
+        raise ValueError(f"{path} is empty (n_{split}=0); re-prepare the dataset")
+    return np.memmap(path, dtype=TOKEN_DTYPE, mode="r", shape=(n_tokens,))
+
+
+def _check_batch_args(data, batch_size: int, block_size: int, generator) -> None:
+    check_int("batch_size", batch_size, minimum=1)
+    check_int("block_size", block_size, minimum=1)
+    if not isinstance(data, np.ndarray) or data.ndim != 1:
+        raise ValueError(f"data must be a 1-D numpy array of token ids; got {type(data).__name__} "
+                         f"with shape {getattr(data, 'shape', None)}")
+    if len(data) < block_size + 1:
+        raise ValueError(f"the split has {len(data)} tokens but block_size={block_size} needs at least "
+                         f"block_size + 1 = {block_size + 1}; use a smaller block_size or more text")
+    if not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator; got {type(generator).__name__}")
+
+
+def _offsets(n: int, batch_size: int, block_size: int, generator: torch.Generator) -> torch.Tensor:
+    # Offsets i in [0, n - block_size - 1] so that y = data[i + 1 : i + block_size + 1] fits.
+    return torch.randint(n - block_size, (batch_size,), generator=generator, device=generator.device)
+
+
+def get_batch(data: np.ndarray, batch_size: int, block_size: int, generator: torch.Generator,
+              device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw a random language-modelling batch (nanoGPT ``get_batch``), reproducibly.
+
+    Offsets are drawn uniformly from ``generator`` (so a training run can save
+    ``generator.get_state()`` and resume with identical batches); the windows are gathered in
+    one fancy-indexing read of the memmap. ``get_batch_reference`` is the plain loop version.
+
+    Args:
+        data: 1-D token array, e.g. from :func:`load_split`, length n >= block_size + 1.
+        batch_size: B.
+        block_size: N, the context length.
+        generator: a CPU ``torch.Generator``.
+        device: where the returned tensors go (pinned + non-blocking copy for CUDA).
+
+    Returns:
+        ``(x, y)``, int64 tensors of shape (B, N) with ``y[b, t] == x[b, t + 1]`` for t < N - 1
+        and ``y[b, N - 1]`` the token after the window.
+
+    Raises:
+        ValueError: non-positive sizes, ``data`` not 1-D, a split shorter than block_size + 1, or
+            ``generator`` not a ``torch.Generator``.
+    """
+    _check_batch_args(data, batch_size, block_size, generator)
+    ix = _offsets(len(data), batch_size, block_size, generator).cpu().numpy()
+    window = ix[:, None] + np.arange(block_size + 1)[None, :]
+    chunk = torch.from_numpy(np.asarray(data[window], dtype=np.int64))  # (B, N + 1)
+    x, y = chunk[:, :-1], chunk[:, 1:]
+    device = torch.device(device)
+    if device.type == "cuda":
+        return (x.pin_memory().to(device, non_blocking=True),
+                y.pin_memory().to(device, non_blocking=True))
+    return x.contiguous().to(device), y.contiguous().to(device)
+
+
+def get_batch_reference(data: np.ndarray, batch_size: int, block_size: int,
+                        generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain per-row version of :func:`get_batch` (test reference; same draws, same output)."""
+    _check_batch_args(data, batch_size, block_size, generator)
+    ix = _offsets(len(data), batch_size, block_size, generator)
+    x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in ix.tolist()])
+    y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in ix.tolist()])
+    return x, y
