@@ -1,0 +1,74 @@
+"""Optimizer and learning-rate schedule (SPEC §4.6, §4.7).
+
+- AdamW with weight decay on every parameter with >= 2 dimensions (matrices, embeddings, the
+  NRGPT ``J_h`` and ``eta`` matrices) and none on 1-D ones (biases, norm gains, scalars such as
+  ``s_ff``); frozen parameters (``requires_grad=False``) are left out. Fused when available.
+- ``lr_at(step, cfg)``: linear warmup, then cosine (default) or exponential decay to ``min_lr``
+  at ``lr_decay_steps``, then constant ``min_lr``; ``lr_schedule="constant"`` keeps the peak LR
+  after warmup.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+from energyformer.train.config import TrainConfig
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Split trainable parameters into a decayed (>= 2-D) and a non-decayed (< 2-D) group.
+
+    Shared (tied) parameters appear once (``model.parameters()`` de-duplicates them).
+    """
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if not p.requires_grad:
+            continue
+        (decay if p.dim() >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW over ``param_groups(model, cfg.weight_decay)`` with ``betas=(beta1, beta2)``.
+
+    Uses the fused kernel when the parameters' device supports it, else the foreach one. The
+    learning rate is set by the loop at every step from :func:`lr_at`.
+
+    Raises:
+        ValueError: the model has no trainable parameters.
+    """
+    groups = param_groups(model, cfg.weight_decay)
+    if not any(g["params"] for g in groups):
+        raise ValueError("the model has no trainable parameters (all have requires_grad=False)")
+    groups = [g for g in groups if g["params"]]
+    kwargs = dict(lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), eps=1e-8)
+    try:
+        return torch.optim.AdamW(groups, fused=True, **kwargs)
+    except (RuntimeError, TypeError, ValueError):  # device or dtype without a fused kernel
+        return torch.optim.AdamW(groups, foreach=None, **kwargs)
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Learning rate for optimizer step ``step`` (0-based); a pure function of ``step`` and ``cfg``.
+
+    - ``step < warmup_steps``: ``learning_rate * (step + 1) / (warmup_steps + 1)`` (nanoGPT),
+    - ``warmup_steps <= step <= lr_decay_steps``: decay from ``learning_rate`` to ``min_lr`` over
+      ``r = (step - warmup) / (lr_decay_steps - warmup)``: cosine ``min + (lr - min)(1 + cos(pi r)) / 2``
+      or exponential ``lr * (min / lr) ** r``,
+    - ``step > lr_decay_steps``: ``min_lr``.
+    """
+    lr, min_lr = cfg.learning_rate, cfg.min_lr
+    if step < cfg.warmup_steps:
+        return lr * (step + 1) / (cfg.warmup_steps + 1)
+    if cfg.lr_schedule == "constant":
+        return lr
+    if step > cfg.lr_decay_steps:
+        return min_lr
+    span = cfg.lr_decay_steps - cfg.warmup_steps
+    ratio = 1.0 if span == 0 else (step - cfg.warmup_steps) / span
+    if cfg.lr_schedule == "exponential":
+        return lr * (min_lr / lr) ** ratio
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)

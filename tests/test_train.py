@@ -1,0 +1,251 @@
+"""The training loop: loss goes down, metrics/checkpoint files, exact resume, divergence handling,
+optimizer parameter groups and the learning-rate schedule."""
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+from helpers import make_data_dir
+import torch
+
+from energyformer.models import ARCHS, get_arch
+from energyformer.train import TrainingDivergedError, load_config, load_run, lr_at, train
+from energyformer.train import loop as loop_mod
+from energyformer.train.checkpoint import find_checkpoint, load_train_state
+from energyformer.train.config import TrainConfig
+from energyformer.train.metrics import read_metrics
+from energyformer.train.optim import build_optimizer, param_groups
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return make_data_dir(tmp_path_factory.mktemp("data") / "tiny")
+
+
+def tiny_cfg(data_dir, out_dir, model=None, **train_kw):
+    train_cfg = dict(out_dir=str(out_dir), max_steps=30, batch_size=8, eval_interval=10, eval_iters=2,
+                     log_interval=1, warmup_steps=3, learning_rate=3e-3, device="cpu")
+    train_cfg.update(train_kw)
+    model_cfg = dict(arch="gpt", d_model=32, n_layers=2, n_heads=2, block_size=16)
+    if model and "arch" in model:  # another architecture: its own fields only
+        model_cfg = dict(block_size=16, **model)
+    else:
+        model_cfg.update(model or {})
+    return load_config({"model": model_cfg, "data": {"data_dir": str(data_dir)}, "train": train_cfg},
+                       resolve_vocab=True)
+
+
+def test_training_lowers_loss_and_writes_run_files(data_dir, tmp_path):
+    out = tmp_path / "run"
+    summary = train(tiny_cfg(data_dir, out), progress=False)
+    vocab = json.loads((data_dir / "meta.json").read_text())["vocab_size"]
+
+    recs = read_metrics(out)
+    assert [r["step"] for r in recs] == list(range(1, 31))
+    first, last = recs[0]["train_loss"], recs[-1]["train_loss"]
+    assert first == pytest.approx(math.log(vocab), abs=0.3)  # starts near uniform
+    assert last < first - 0.7, (first, last)
+    assert summary["final_val_loss"] < math.log(vocab) - 0.7
+    assert summary["steps"] == 30 and summary["steps_this_run"] == 30 and summary["resumed_from"] is None
+    assert summary["best_val_loss"] <= summary["final_val_loss"]
+    assert summary["tokens_per_s"] > 0 and summary["params"] > summary["params_non_embedding"] > 0
+
+    for r in recs:
+        assert {"step", "train_loss", "lr", "tokens_per_s", "grad_norm"} <= set(r)
+        assert ("val_loss" in r) == (r["step"] % 10 == 0)
+    assert recs[-1]["val_loss"] == pytest.approx(summary["final_val_loss"])
+
+    names = {p.name for p in out.iterdir()}
+    assert {"config.yaml", "meta.json", "model.safetensors", "train_state.pt", "checkpoint.json",
+            "metrics.jsonl"} <= names
+    assert not [n for n in names if n.endswith(".tmp") or n.startswith(".")], names  # atomic writes
+    assert find_checkpoint(out)["step"] == 30
+    assert json.loads((out / "meta.json").read_text()) == json.loads((data_dir / "meta.json").read_text())
+    state = load_train_state(out)
+    assert state["step"] == 30 and state["best_val_loss"] == pytest.approx(summary["best_val_loss"])
+
+
+def test_resume_is_exact(data_dir, tmp_path):
+    """N steps + resume for N more == 2N steps (dropout on, so the RNG states matter too)."""
+    kw = dict(max_steps=12, lr_decay_steps=12, eval_interval=4, ckpt_interval=4, grad_accum_steps=2,
+              batch_size=4)
+    model = dict(dropout=0.1)
+    full = tmp_path / "full"
+    train(tiny_cfg(data_dir, full, model, **kw), progress=False)
+
+    part = tmp_path / "part"
+    kw_half = dict(kw, max_steps=6)  # stops between two checkpoints: final checkpoint at step 6
+    train(tiny_cfg(data_dir, part, model, **kw_half), progress=False)
+    assert find_checkpoint(part)["step"] == 6
+    summary = train(tiny_cfg(data_dir, part, model, **kw), progress=False)  # resume="auto"
+    assert summary["resumed_from"] == 6 and summary["steps_this_run"] == 6
+
+    a, b = read_metrics(full), read_metrics(part)
+    assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, 13))
+    for ra, rb in zip(a, b):
+        assert rb["train_loss"] == pytest.approx(ra["train_loss"], abs=1e-6), ra["step"]
+        assert rb["lr"] == pytest.approx(ra["lr"], abs=1e-12)
+        if ra["step"] % 4 == 0:
+            assert rb["val_loss"] == pytest.approx(ra["val_loss"], abs=1e-6)
+    ma, _, _ = load_run(full)
+    mb, _, _ = load_run(part)
+    for (na, pa), (nb, pb) in zip(ma.state_dict().items(), mb.state_dict().items()):
+        assert na == nb
+        torch.testing.assert_close(pa, pb, atol=1e-6, rtol=0)
+
+
+def test_resume_when_already_done_and_never(data_dir, tmp_path):
+    out = tmp_path / "run"
+    train(tiny_cfg(data_dir, out, max_steps=3), progress=False)
+    before = (out / "model.safetensors").read_bytes()
+    again = train(tiny_cfg(data_dir, out, max_steps=3), progress=False)
+    assert again["steps_this_run"] == 0 and again["resumed_from"] == 3
+    assert math.isfinite(again["final_val_loss"])
+    assert (out / "model.safetensors").read_bytes() == before  # nothing trained, nothing rewritten
+    fresh = train(tiny_cfg(data_dir, out, max_steps=2, resume="never"), progress=False)
+    assert fresh["resumed_from"] is None and find_checkpoint(out)["step"] == 2
+    assert [r["step"] for r in read_metrics(out)] == [1, 2]
+
+
+def test_resume_from_explicit_path_and_errors(data_dir, tmp_path):
+    src = tmp_path / "src"
+    train(tiny_cfg(data_dir, src, max_steps=2), progress=False)
+    dst = tmp_path / "dst"
+    s = train(tiny_cfg(data_dir, dst, max_steps=4, resume=str(src)), progress=False)
+    assert s["resumed_from"] == 2 and find_checkpoint(dst)["step"] == 4
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+        train(tiny_cfg(data_dir, dst, resume=str(tmp_path / "nowhere")), progress=False)
+    with pytest.raises(ValueError, match="different model.*d_model"):
+        train(tiny_cfg(data_dir, src, model=dict(d_model=16), max_steps=4), progress=False)
+
+
+def _nan_after(forward, k):
+    """Wrap GPT.forward so that the training loss becomes NaN from the k-th training forward on."""
+    calls = [0]
+
+    def patched(model, idx, targets=None):
+        logits, loss = forward(model, idx, targets)
+        if model.training:
+            calls[0] += 1
+            if calls[0] >= k:
+                loss = loss * float("nan")
+        return logits, loss
+
+    return patched
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path, monkeypatch):
+    from energyformer.models.gpt import GPT
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(GPT, "forward", _nan_after(GPT.forward, k=7))
+    cfg = tiny_cfg(data_dir, out, max_steps=10, ckpt_interval=4, eval_interval=4)
+    with pytest.raises(TrainingDivergedError, match=r"step 7: loss is nan.*step 4"):
+        train(cfg, progress=False)
+    monkeypatch.undo()
+    assert find_checkpoint(out)["step"] == 4
+    assert load_train_state(out)["step"] == 4
+    model, _, _ = load_run(out)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert max(r["step"] for r in read_metrics(out)) == 6
+    summary = train(cfg, progress=False)  # the kept checkpoint resumes cleanly
+    assert summary["resumed_from"] == 4 and summary["steps"] == 10
+
+
+def test_infinite_grad_norm_stops(data_dir, tmp_path, monkeypatch):
+    real_build = loop_mod.build_model
+
+    def build_with_bad_grad(cfg):
+        model = real_build(cfg)
+        model.wte.weight.register_hook(lambda g: g * float("inf"))
+        return model
+
+    monkeypatch.setattr(loop_mod, "build_model", build_with_bad_grad)
+    with pytest.raises(TrainingDivergedError, match="step 1: gradient norm is (inf|nan).*No checkpoint"):
+        train(tiny_cfg(data_dir, tmp_path / "run", max_steps=3), progress=False)
+    assert find_checkpoint(tmp_path / "run") is None
+
+
+def test_huge_learning_rate_diverges_with_clear_error(data_dir, tmp_path):
+    cfg = tiny_cfg(data_dir, tmp_path / "run", max_steps=30, learning_rate=1e30, warmup_steps=0,
+                   grad_clip=0.0, weight_decay=0.0)
+    with pytest.raises(TrainingDivergedError, match=r"training diverged at step \d+"):
+        train(cfg, progress=False)
+
+
+def test_vocab_too_small_for_data(data_dir, tmp_path):
+    with pytest.raises(ValueError, match="model.vocab_size=3 is smaller than the data vocabulary"):
+        train(tiny_cfg(data_dir, tmp_path / "run", model=dict(vocab_size=3)), progress=False)
+
+
+def test_bf16_tensorboard_and_threads(data_dir, tmp_path):
+    out = tmp_path / "run"
+    threads = torch.get_num_threads()
+    try:
+        s = train(tiny_cfg(data_dir, out, max_steps=2, dtype="bfloat16", tensorboard=True, num_threads=1),
+                  progress=False)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    assert math.isfinite(s["final_val_loss"])
+    pytest.importorskip("tensorboard")
+    assert any((out / "tb").iterdir())
+
+
+def test_param_groups_decay_only_matrices():
+    from energyformer import build_model
+
+    model = build_model(dict(arch="gpt", vocab_size=11, block_size=8, d_model=16, n_layers=1, n_heads=2,
+                             tie_embeddings=True))
+    model.ln_f.weight.requires_grad_(False)
+    decay, no_decay = param_groups(model, 0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
+    ids = [id(p) for p in decay["params"] + no_decay["params"]]
+    assert len(ids) == len(set(ids))  # the tied embedding appears once
+    assert id(model.ln_f.weight) not in ids
+    assert len(ids) == sum(1 for p in model.parameters() if p.requires_grad)
+    opt = build_optimizer(model, TrainConfig(beta1=0.8, beta2=0.95))
+    assert opt.param_groups[0]["betas"] == (0.8, 0.95)
+
+
+def test_lr_schedule():
+    cfg = TrainConfig(learning_rate=1.0, min_lr=0.1, warmup_steps=10, max_steps=110)
+    assert lr_at(0, cfg) == pytest.approx(1 / 11)
+    assert lr_at(9, cfg) == pytest.approx(10 / 11)
+    assert lr_at(10, cfg) == pytest.approx(1.0)
+    assert lr_at(60, cfg) == pytest.approx(0.55)  # cosine half way
+    assert lr_at(110, cfg) == pytest.approx(0.1)
+    assert lr_at(500, cfg) == pytest.approx(0.1)
+    lrs = [lr_at(s, cfg) for s in range(10, 111)]
+    assert all(a >= b for a, b in zip(lrs, lrs[1:]))
+    exp = TrainConfig(learning_rate=1.0, min_lr=0.01, warmup_steps=0, max_steps=100, lr_schedule="exponential")
+    assert lr_at(50, exp) == pytest.approx(0.1)
+    const = TrainConfig(learning_rate=0.5, warmup_steps=2, lr_schedule="constant")
+    assert [lr_at(s, const) for s in (0, 2, 1000)] == pytest.approx([0.5 / 3, 0.5, 0.5])
+
+
+def _tiny_arch(arch):
+    kw = dict(arch=arch, d_model=16, n_heads=2)
+    names = {f.name for f in dataclasses.fields(get_arch(arch)[1])}
+    for key, value in (("n_layers", 2), ("n_steps", 2)):
+        if key in names:
+            kw[key] = value
+    return kw
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_every_arch_trains_and_reloads_exactly(arch, data_dir, tmp_path, monkeypatch):
+    """The loop and checkpoints work for every registered model (tied weights, frozen params...)."""
+    built = []
+    real_build = loop_mod.build_model
+    monkeypatch.setattr(loop_mod, "build_model", lambda cfg: built.append(real_build(cfg)) or built[-1])
+    s = train(tiny_cfg(data_dir, tmp_path / arch, model=_tiny_arch(arch), max_steps=3, eval_iters=1),
+              progress=False)
+    assert math.isfinite(s["final_val_loss"])
+    loaded, cfg, _ = load_run(tmp_path / arch)
+    assert cfg.model.arch == arch
+    idx = torch.randint(0, cfg.model.vocab_size, (2, 16))
+    built[0].eval()
+    torch.testing.assert_close(loaded(idx)[0], built[0](idx)[0], atol=0, rtol=0)
