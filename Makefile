@@ -45,7 +45,7 @@ test-slow: install-test
 	$(VENV)/bin/python -m pytest -m slow
 
 bench: install-test
-	$(VENV)/bin/python benchmarks/bench_layers.py
+	$(VENV)/bin/python benchmarks/bench_models.py
 
 clean:
 	rm -rf $(VENV) out .pytest_cache
