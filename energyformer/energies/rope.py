@@ -1,0 +1,73 @@
+"""Rotary position embedding (RoPE) as pure functions (SPEC §2.3, §3.2).
+
+Convention: the "rotate-half" layout of Llama / Hugging Face, in which feature ``c`` is paired
+with feature ``c + d_h/2`` and rotated by the angle ``p · θ^(−2c/d_h)`` at position ``p``:
+
+    rope(x)_p = x_p ⊙ cos_p + rotate_half(x_p) ⊙ sin_p,     rotate_half([x₁; x₂]) = [−x₂; x₁].
+
+``R_p`` is orthogonal, so ``R_pᵀ`` (the inverse, used to un-rotate CEM's exact-RoPE head outputs)
+is the same formula with ``sin`` negated (``inverse=True``). Kept in ``energies/`` because the CEM
+energies need it and ``energies/`` must not import ``layers/`` (``layers/rope.py`` re-exports it).
+"""
+from __future__ import annotations
+
+import torch
+
+from energyformer._validate import check_float, check_int
+
+
+def rope_cos_sin(n_positions: int, head_dim: int, theta: float = 10000.0, *,
+                 device: torch.device | str | None = None,
+                 dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return ``(cos, sin)``, each ``(n_positions, head_dim)``, for positions ``0 … n_positions−1``.
+
+    The angles are computed in float64 and cast to ``dtype`` (so float64 tests are exact to
+    rounding and float32 matches Hugging Face Llama to ~1e-7).
+
+    Raises:
+        ValueError: ``head_dim`` odd or < 2, ``n_positions < 1``, ``theta <= 0``.
+    """
+    check_int("n_positions", n_positions, 1)
+    check_int("head_dim", head_dim, 2)
+    if head_dim % 2:
+        raise ValueError(f"head_dim={head_dim} must be even to use RoPE (features are rotated in pairs)")
+    check_float("rope_theta", theta, 0.0, strict=True)
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim))
+    ang = torch.arange(n_positions, dtype=torch.float64, device=device)[:, None] * inv_freq[None, :]
+    ang = torch.cat((ang, ang), dim=-1)  # (N, head_dim): pair c and c + head_dim/2 share an angle
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """``[x₁; x₂] -> [−x₂; x₁]`` over the last dim (even size)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """Rotate ``x`` of shape ``(…, N, head_dim)`` by ``R_p`` (or ``R_pᵀ`` if ``inverse``) per position ``p``.
+
+    ``cos``/``sin`` are ``(N, head_dim)`` from :func:`rope_cos_sin` (broadcast over leading dims).
+    """
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    if inverse:
+        return x * cos - rotate_half(x) * sin
+    return x * cos + rotate_half(x) * sin
+
+
+def rope_matrices(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Explicit rotation matrices ``R_p`` as a ``(N, head_dim, head_dim)`` tensor (test reference only).
+
+    Built entry by entry from the pair structure, independently of :func:`apply_rope`, so
+    that the plain CEM references (``energies/cem.py``) do not reuse the fast rotation code.
+    """
+    n, dh = cos.shape
+    half = dh // 2
+    r = torch.zeros(n, dh, dh, dtype=cos.dtype, device=cos.device)
+    for c in range(half):
+        a, b = c, c + half
+        r[:, a, a] = cos[:, a]
+        r[:, a, b] = -sin[:, a]
+        r[:, b, a] = sin[:, b]
+        r[:, b, b] = cos[:, b]
+    return r

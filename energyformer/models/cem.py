@@ -1,0 +1,165 @@
+"""CEM-Llama: a Llama-shaped language model whose layers are CEM descent steps (SPEC §3.8).
+
+Token embedding → ``n_layers`` :class:`~energyformer.layers.cem.CEMBlock` (attention energy
+step(s), then gated-MLP energy step(s), each with its own RMSNorm, RoPE in attention, no
+biases) → final RMSNorm → LM head. Init N(0, 0.02) for every matrix; the D+LR diagonal starts
+at 0 and the preconditioner at ``P = I``, so every extension starts as plain tied CEM.
+
+With ``n_steps=1``, step size 1, ``rope="llama"``, ``interaction="lowrank"`` and no
+preconditioner the model equals a Hugging Face Llama whose weights are tied
+(``v_proj = k_proj``, ``o_proj = q_projᵀ``, ``down_proj = gate_projᵀ``); ``tests/test_llama.py``
+checks it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn as nn
+
+from energyformer._validate import check_choice, check_divides, check_float, check_int
+from energyformer.energies.cem import MLP_TIES
+from energyformer.layers.cem import INTERACTIONS, ROPE_CHOICES, CEMBlock
+from energyformer.layers.norms import RMSNorm
+from energyformer.layers.preconditioner import PRECONDITIONERS
+from energyformer.models.base import CausalLM, ModelConfig
+
+
+def default_d_ff(d_model: int, multiple_of: int = 32) -> int:
+    """Llama's SwiGLU width rule: ``8·d/3`` rounded up to a multiple of ``multiple_of`` (128 → 352)."""
+    return multiple_of * math.ceil(8 * d_model / 3 / multiple_of)
+
+
+@dataclass
+class CEMConfig(ModelConfig):
+    """CEM-Llama hyper-parameters (SPEC §3, defaults from SPEC §6).
+
+    ``n_steps`` sets the recursion ``T`` of both sub-blocks; ``attn_n_steps`` / ``mlp_n_steps``
+    override it per sub-block when given. ``attn_step_size`` / ``mlp_step_size`` are the initial
+    η (None: 1 for T=1, 1/T otherwise; must stay None with a preconditioner, where η ≡ 1).
+    ``head_dim`` defaults to ``d_model // n_heads`` and ``d_ff`` to :func:`default_d_ff`.
+    """
+
+    arch: ClassVar[str] = "cem"
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    head_dim: int | None = None
+    d_ff: int | None = None
+    n_steps: int = 1
+    attn_n_steps: int | None = None
+    mlp_n_steps: int | None = None
+    attn_step_size: float | None = None
+    mlp_step_size: float | None = None
+    learn_step_size: bool = True
+    per_step_scale: bool = False
+    interaction: str = "lowrank"
+    rope: str | None = "exact"
+    rope_theta: float = 10000.0
+    mlp_tie: str = "gate"
+    preconditioner: str | None = None
+    preconditioner_rank: int = 8
+    grad_through_norm: bool = False
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_int("d_model", self.d_model, 1)
+        check_int("n_layers", self.n_layers, 1)
+        check_int("n_heads", self.n_heads, 1)
+        if self.head_dim is None:
+            check_divides("n_heads", self.n_heads, "d_model", self.d_model)
+        else:
+            check_int("head_dim", self.head_dim, 1)
+        if self.d_ff is not None:
+            check_int("d_ff", self.d_ff, 1)
+        check_int("n_steps", self.n_steps, 1)
+        for name in ("attn_n_steps", "mlp_n_steps"):
+            if getattr(self, name) is not None:
+                check_int(name, getattr(self, name), 1)
+        for name in ("attn_step_size", "mlp_step_size"):
+            if getattr(self, name) is not None:
+                check_float(name, getattr(self, name), 0.0, strict=True)
+        check_choice("interaction", self.interaction, INTERACTIONS)
+        check_choice("rope", self.rope, ROPE_CHOICES)
+        if self.rope is not None and self.resolved_head_dim % 2:
+            raise ValueError(f"head_dim={self.resolved_head_dim} must be even with rope={self.rope!r}")
+        if self.rope is not None and self.interaction == "diag_only":
+            raise ValueError("rope rotates the low-rank term; interaction='diag_only' has none, so set rope=None")
+        check_float("rope_theta", self.rope_theta, 0.0, strict=True)
+        check_choice("mlp_tie", self.mlp_tie, MLP_TIES)
+        check_choice("preconditioner", self.preconditioner, (None,) + PRECONDITIONERS)
+        check_int("preconditioner_rank", self.preconditioner_rank, 1)
+        if self.preconditioner is not None and (self.attn_step_size is not None or self.mlp_step_size is not None):
+            raise ValueError("attn_step_size/mlp_step_size must be None with a preconditioner (η ≡ 1, SPEC §3.6)")
+        check_float("norm_eps", self.norm_eps, 0.0, strict=True)
+        check_float("init_std", self.init_std, 0.0, strict=True)
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+    @property
+    def resolved_d_ff(self) -> int:
+        return self.d_ff if self.d_ff is not None else default_d_ff(self.d_model)
+
+    @property
+    def resolved_attn_n_steps(self) -> int:
+        return self.attn_n_steps if self.attn_n_steps is not None else self.n_steps
+
+    @property
+    def resolved_mlp_n_steps(self) -> int:
+        return self.mlp_n_steps if self.mlp_n_steps is not None else self.n_steps
+
+
+class CEMLlama(CausalLM):
+    """CEM language model ``idx (B, N) -> (logits (B, N, V), loss or None)`` (SPEC §3.8)."""
+
+    def __init__(self, config: CEMConfig):
+        super().__init__()
+        self.config = c = config
+        self.embed = nn.Embedding(c.vocab_size, c.d_model)
+        self.blocks = nn.ModuleList(
+            CEMBlock(c.d_model, c.n_heads, c.resolved_d_ff, head_dim=c.head_dim,
+                     attn_n_steps=c.resolved_attn_n_steps, mlp_n_steps=c.resolved_mlp_n_steps,
+                     attn_step_size=c.attn_step_size, mlp_step_size=c.mlp_step_size,
+                     interaction=c.interaction, rope=c.rope, rope_theta=c.rope_theta, mlp_tie=c.mlp_tie,
+                     preconditioner=c.preconditioner, preconditioner_rank=c.preconditioner_rank,
+                     norm="rmsnorm", norm_eps=c.norm_eps, grad_through_norm=c.grad_through_norm,
+                     learn_step_size=c.learn_step_size, per_step_scale=c.per_step_scale)
+            for _ in range(c.n_layers))
+        self.norm = RMSNorm(c.d_model, eps=c.norm_eps)
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        for m in self.modules():  # N(0, init_std) for every matrix; diag / P / η keep their own init
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, mean=0.0, std=c.init_std)
+        if c.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def embedding_params(self) -> list[nn.Parameter]:
+        return [self.embed.weight]
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                trace: list[dict[str, Any]] | None = None):
+        """``idx (B, N)`` → ``(logits (B, N, V), loss or None)``.
+
+        ``trace``: optional list; each layer appends its per-step states and energies, with a
+        ``"layer"`` index added (see :meth:`CEMAttention.forward`).
+
+        Raises:
+            ValueError: bad ids, shape or length (``check_input``).
+        """
+        self.check_input(idx, targets)
+        x = self.embed(idx)
+        for i, block in enumerate(self.blocks):
+            start = len(trace) if trace is not None else 0
+            x = block(x, trace)
+            if trace is not None:
+                for entry in trace[start:]:
+                    entry["layer"] = i
+        logits = self.lm_head(self.norm(x))
+        return logits, self.lm_loss(logits, targets)
