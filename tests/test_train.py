@@ -249,3 +249,17 @@ def test_every_arch_trains_and_reloads_exactly(arch, data_dir, tmp_path, monkeyp
     idx = torch.randint(0, cfg.model.vocab_size, (2, 16))
     built[0].eval()
     torch.testing.assert_close(loaded(idx)[0], built[0](idx)[0], atol=0, rtol=0)
+
+
+def test_modules_can_exempt_matrices_from_weight_decay():
+    """CEM's per-head diagonal and preconditioner factors are 2-D but not decayed (train/optim.py)."""
+    from energyformer import build_model
+    model = build_model({"arch": "cem", "vocab_size": 11, "block_size": 8, "d_model": 16, "n_layers": 1,
+                         "n_heads": 2, "d_ff": 32, "interaction": "diag_per_head", "rope": None,
+                         "preconditioner": "diag_lowrank", "preconditioner_rank": 2})
+    decay, no_decay = (set(map(id, g["params"])) for g in param_groups(model, 0.1))
+    names = {id(p): n for n, p in model.named_parameters()}
+    exempt = {names[i] for i in no_decay if dict(model.named_parameters())[names[i]].dim() >= 2}
+    assert any(n.endswith("attn.diag") for n in exempt)
+    assert any(n.endswith("precond.u") for n in exempt) and any(n.endswith("precond.v") for n in exempt)
+    assert any(n.endswith("q_proj.weight") for n in (names[i] for i in decay))

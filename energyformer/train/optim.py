@@ -3,6 +3,10 @@
 - AdamW with weight decay on every parameter with >= 2 dimensions (matrices, embeddings, the
   NRGPT ``J_h`` and ``eta`` matrices) and none on 1-D ones (biases, norm gains, scalars such as
   ``s_ff``); frozen parameters (``requires_grad=False``) are left out. Fused when available.
+  A module can exempt its own >= 2-D parameters by listing their local names in a class attribute
+  ``no_weight_decay`` (CEM's per-head diagonal and the preconditioner factors do: decaying them
+  would pull a per-head diagonal to zero while the shared (1-D) diagonal is not decayed, and
+  pull P towards its diagonal, which would bias the ablations).
 - ``lr_at(step, cfg)``: linear warmup, then cosine (default) or exponential decay to ``min_lr``
   at ``lr_decay_steps``, then constant ``min_lr``; ``lr_schedule="constant"`` keeps the peak LR
   after warmup.
@@ -22,11 +26,13 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
     Shared (tied) parameters appear once (``model.parameters()`` de-duplicates them).
     """
+    exempt = {id(getattr(m, name)) for m in model.modules()
+              for name in getattr(m, "no_weight_decay", ()) if getattr(m, name, None) is not None}
     decay, no_decay = [], []
     for p in model.parameters():
         if not p.requires_grad:
             continue
-        (decay if p.dim() >= 2 else no_decay).append(p)
+        (decay if p.dim() >= 2 and id(p) not in exempt else no_decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay},
             {"params": no_decay, "weight_decay": 0.0}]
 
