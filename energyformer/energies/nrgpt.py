@@ -1,0 +1,464 @@
+"""NRGPT energies and their analytic partial gradients (SPEC §4.2, §4.3). Pure functions.
+
+Conventions (SPEC §1, DESIGN §3):
+
+* ``g`` is the normalized token state, shape ``(B, N, d)``; tokens are rows.
+* Every ``*_energy`` returns per-token energies ``(B, N)`` (summed over heads and features).
+* Every ``*_grad`` returns ``(B, N, d)``: the exact partial derivative of token ``A``'s energy
+  w.r.t. its own ``g_A`` with the causal context (earlier tokens ``g_B``) held fixed.
+
+Attention energy (SPEC §4.2), per head ``h`` with ``J_h ∈ R^{d×d}``::
+
+    E_A = −(1/β) Σ_h α_h log Σ_{B ∈ ctx(A)} exp(β g_Bᵀ J_h g_A)
+    ∂E_A/∂g_A = −Σ_h α_h J_hᵀ Σ_B p^h_{AB} g_B,   p^h_{AB} = softmax_B(β g_Bᵀ J_h g_A)
+
+``mask="strict"``: ``ctx(A) = {B < A}``; the first token has no context, so its attention
+energy and force are 0 (not −∞ / NaN). ``mask="inclusive"``: ``ctx(A) = {B ≤ A}``; the key slot
+``B = A`` is treated as a constant (the reference code's behaviour, SPEC §4.2 item 3), i.e. the
+gradient is taken w.r.t. the *query* occurrence of ``g_A`` only. The optional ``context``
+argument makes that explicit: the energy is evaluated with queries from ``g`` and keys from
+``context`` (default ``g``), and ``*_grad`` is the derivative w.r.t. ``g`` at ``context = g``.
+
+Two parameterizations of ``J_h``:
+
+* ``"full"`` (reference code): ``J`` of shape ``(H, d, d)``. Keys ``k_{hB} = J_hᵀ g_B`` so the
+  score is ``g_A · k_{hB}`` and the force is ``−Σ_h α_h Σ_B p_{AB} k_{hB}``: one ``d×d`` projection
+  per head, as in the reference code's ``EnergyHead_H`` (whose ``H.weight`` equals ``J_hᵀ``).
+* ``"factored"`` (paper / Energy Transformer): ``J_h = W^K_hᵀ W^Q_h`` with ``q_weight``,
+  ``k_weight`` of shape ``(H, d_h, d)``.
+
+The attention ``*_grad`` functions are the fast path (``scaled_dot_product_attention``) and the
+FF1/FF2W ``*_grad`` functions fused ``autograd.Function``s with hand-written backwards; each
+``*_grad_naive`` function is the plain reference (explicit masked softmax / the formula under
+ordinary autograd) held equal to it, and to ``torch.autograd`` on the energy, in the tests.
+
+Feed-forward energies (SPEC §4.3; σ = exact-erf GELU, biases as in the reference code)::
+
+    FF1:  E = −‖σ(W g + b)‖²                         ∂E/∂g = −2 Wᵀ(σ(z) ⊙ σ'(z))
+    FF2W: E = −gᵀ(W² σ(W¹ g + b¹) + b²)              ∂E/∂g = −(W² σ(z) + b²) − W¹ᵀ(σ'(z) ⊙ W²ᵀ g)
+    FF2:  E = −‖σ(W^b σ(W^a g + a) + b)‖²            ∂E/∂g = −2 W^aᵀ(σ'(z₁) ⊙ W^bᵀ(σ(z₂) ⊙ σ'(z₂)))
+
+Weights follow ``nn.Linear``: ``W ∈ R^{out×in}`` and ``z = g Wᵀ + b`` for row-stacked tokens.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from energyformer._validate import check_choice
+
+MASKS = ("strict", "inclusive")
+
+_INV_SQRT_2 = 1.0 / math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+# --------------------------------------------------------------------------------------------
+# masks
+# --------------------------------------------------------------------------------------------
+def causal_mask(n: int, mask: str = "strict", device: torch.device | None = None) -> torch.Tensor:
+    """Boolean ``(N, N)`` matrix ``allowed[A, B]``: may query ``A`` attend to key ``B``.
+
+    ``"strict"``: ``B < A`` (row 0 is empty). ``"inclusive"``: ``B ≤ A``.
+
+    Raises:
+        ValueError: ``mask`` not in ``("strict", "inclusive")``.
+    """
+    check_choice("mask", mask, MASKS)
+    diagonal = -1 if mask == "strict" else 0
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril(diagonal)
+
+
+def _safe_mask(n: int, mask: str, device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Mask with every row non-empty (row 0 of the strict mask gets its diagonal) + the empty rows.
+
+    The filled-in entries only keep softmax / log-sum-exp finite; their results are discarded
+    (set to exactly 0) by the callers, so no information flows through them.
+    """
+    allowed = causal_mask(n, mask, device)
+    if mask == "strict":
+        empty = torch.zeros(n, dtype=torch.bool, device=device)
+        empty[0] = True
+        allowed = allowed.clone()
+        allowed[0, 0] = True
+        return allowed, empty
+    return allowed, None
+
+
+def _check_shapes(g: torch.Tensor, context: torch.Tensor | None, alpha: torch.Tensor, n_heads: int) -> torch.Tensor:
+    if g.dim() != 3:
+        raise ValueError(f"g must have shape (B, N, d), got {tuple(g.shape)}")
+    if context is None:
+        context = g
+    elif context.shape != g.shape:
+        raise ValueError(f"context shape {tuple(context.shape)} must equal g shape {tuple(g.shape)}")
+    if alpha.shape != (n_heads,):
+        raise ValueError(f"alpha must have shape (H,)=({n_heads},), got {tuple(alpha.shape)}")
+    return context
+
+
+def _lse_energy(scores: torch.Tensor, alpha: torch.Tensor, beta: float, mask: str) -> torch.Tensor:
+    """``scores (B, H, N, N)`` already multiplied by β → per-token energy ``(B, N)``."""
+    n = scores.shape[-1]
+    allowed, empty = _safe_mask(n, mask, scores.device)
+    lse = scores.masked_fill(~allowed, float("-inf")).logsumexp(dim=-1)  # (B, H, N)
+    if empty is not None:
+        lse = lse.masked_fill(empty, 0.0)
+    return -(alpha.to(lse.dtype)[:, None] * lse).sum(dim=1) / beta
+
+
+# --------------------------------------------------------------------------------------------
+# attention: full J (reference code)
+# --------------------------------------------------------------------------------------------
+def _full_keys(context: torch.Tensor, J: torch.Tensor) -> torch.Tensor:
+    """``k[b, h, B] = J_hᵀ g_B`` (row form ``g_B @ J_h``): ``(B, N, d), (H, d, d) -> (B, H, N, d)``."""
+    return torch.einsum("bnd,hde->bhne", context, J.to(context.dtype))
+
+
+def attention_energy(g: torch.Tensor, J: torch.Tensor, alpha: torch.Tensor, beta: float,
+                     mask: str = "strict", context: torch.Tensor | None = None) -> torch.Tensor:
+    """NRGPT attention energy with one full ``d×d`` matrix per head (SPEC §4.2).
+
+    Args:
+        g: normalized states ``(B, N, d)`` (queries).
+        J: ``(H, d, d)``; score ``s^h_{AB} = g_Bᵀ J_h g_A``.
+        alpha: head weights ``(H,)``.
+        beta: inverse temperature (> 0).
+        mask: ``"strict"`` (B < A) or ``"inclusive"`` (B ≤ A).
+        context: states used as keys ``(B, N, d)``; default ``g``.
+
+    Returns:
+        ``(B, N)`` per-token energies; token 0 has energy 0 under the strict mask.
+
+    Raises:
+        ValueError: bad ``mask`` or shapes.
+    """
+    check_choice("mask", mask, MASKS)
+    context = _check_shapes(g, context, alpha, J.shape[0])
+    keys = _full_keys(context, J)                                   # (B, H, N, d)
+    scores = beta * torch.einsum("bad,bhkd->bhak", g, keys)         # (B, H, N_query, N_key)
+    return _lse_energy(scores, alpha, beta, mask)
+
+
+def attention_grad(g: torch.Tensor, J: torch.Tensor, alpha: torch.Tensor, beta: float,
+                   mask: str = "strict", dropout_p: float = 0.0) -> torch.Tensor:
+    """Fast path (SDPA) for ``∂E_A/∂g_A`` of :func:`attention_energy`: ``(B, N, d)``.
+
+    ``= −Σ_h α_h Σ_{B ∈ ctx(A)} p^h_{AB} J_hᵀ g_B`` (SPEC §4.2). Queries are ``g`` itself,
+    keys and values are ``J_hᵀ g_B``. ``dropout_p > 0`` drops attention weights (training only;
+    the result is then a stochastic force, not the exact gradient). Token 0's force is 0 under
+    the strict mask.
+
+    Raises:
+        ValueError: bad ``mask`` or shapes.
+    """
+    check_choice("mask", mask, MASKS)
+    _check_shapes(g, None, alpha, J.shape[0])
+    keys = _full_keys(g, J)                                         # (B, H, N, d)
+    q = g.unsqueeze(1).expand_as(keys)
+    return _sdpa_force(q, keys, alpha, beta, mask, dropout_p, out_weight=None)
+
+
+def attention_grad_naive(g: torch.Tensor, J: torch.Tensor, alpha: torch.Tensor, beta: float,
+                         mask: str = "strict") -> torch.Tensor:
+    """Plain reference for :func:`attention_grad` (explicit masked softmax): ``(B, N, d)``."""
+    check_choice("mask", mask, MASKS)
+    _check_shapes(g, None, alpha, J.shape[0])
+    keys = _full_keys(g, J)
+    scores = beta * torch.einsum("bad,bhkd->bhak", g, keys)
+    p = _masked_softmax(scores, mask)
+    return -torch.einsum("h,bhak,bhkd->bad", alpha.to(g.dtype), p, keys)
+
+
+# --------------------------------------------------------------------------------------------
+# attention: factored J_h = W^Kᵀ W^Q (paper / Energy Transformer)
+# --------------------------------------------------------------------------------------------
+def attention_energy_factored(g: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                              alpha: torch.Tensor, beta: float, mask: str = "strict",
+                              context: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention energy with ``J_h = W^K_hᵀ W^Q_h`` (SPEC §4.2 paper form): ``(B, N)``.
+
+    Args:
+        g: ``(B, N, d)`` queries; ``context``: ``(B, N, d)`` keys (default ``g``).
+        q_weight, k_weight: ``(H, d_h, d)``; score ``β (W^K_h g_B)·(W^Q_h g_A)``.
+        alpha: ``(H,)``; beta: inverse temperature; mask: ``"strict"`` | ``"inclusive"``.
+
+    Equals :func:`attention_energy` with ``J = k_weightᵀ @ q_weight`` (tested).
+    """
+    check_choice("mask", mask, MASKS)
+    context = _check_shapes(g, context, alpha, q_weight.shape[0])
+    q = torch.einsum("bnd,hed->bhne", g, q_weight.to(g.dtype))
+    k = torch.einsum("bnd,hed->bhne", context, k_weight.to(g.dtype))
+    scores = beta * (q @ k.transpose(-2, -1))
+    return _lse_energy(scores, alpha, beta, mask)
+
+
+def attention_grad_factored(g: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                            alpha: torch.Tensor, beta: float, mask: str = "strict",
+                            dropout_p: float = 0.0) -> torch.Tensor:
+    """Fast path (SDPA) for the factored force ``−Σ_h α_h W^Q_hᵀ Σ_B p^h_{AB} W^K_h g_B``: ``(B, N, d)``."""
+    check_choice("mask", mask, MASKS)
+    _check_shapes(g, None, alpha, q_weight.shape[0])
+    q = torch.einsum("bnd,hed->bhne", g, q_weight.to(g.dtype))
+    k = torch.einsum("bnd,hed->bhne", g, k_weight.to(g.dtype))
+    return _sdpa_force(q, k, alpha, beta, mask, dropout_p, out_weight=q_weight.to(g.dtype))
+
+
+def attention_grad_factored_naive(g: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                                  alpha: torch.Tensor, beta: float, mask: str = "strict") -> torch.Tensor:
+    """Plain reference for :func:`attention_grad_factored`: ``(B, N, d)``."""
+    check_choice("mask", mask, MASKS)
+    _check_shapes(g, None, alpha, q_weight.shape[0])
+    q = torch.einsum("bnd,hed->bhne", g, q_weight.to(g.dtype))
+    k = torch.einsum("bnd,hed->bhne", g, k_weight.to(g.dtype))
+    p = _masked_softmax(beta * (q @ k.transpose(-2, -1)), mask)
+    ctx = p @ k                                                     # (B, H, N, d_h)
+    return -torch.einsum("h,bhne,hed->bnd", alpha.to(g.dtype), ctx, q_weight.to(g.dtype))
+
+
+# --------------------------------------------------------------------------------------------
+# attention helpers
+# --------------------------------------------------------------------------------------------
+def _masked_softmax(scores: torch.Tensor, mask: str) -> torch.Tensor:
+    """Softmax over keys of ``(B, H, N, N)`` scores; empty rows (strict, token 0) are all zero."""
+    allowed, empty = _safe_mask(scores.shape[-1], mask, scores.device)
+    p = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+    if empty is not None:
+        p = p.masked_fill(empty[:, None], 0.0)
+    return p
+
+
+def _sdpa_force(q: torch.Tensor, k: torch.Tensor, alpha: torch.Tensor, beta: float, mask: str,
+                dropout_p: float, out_weight: torch.Tensor | None) -> torch.Tensor:
+    """``−Σ_h α_h (softmax(β q kᵀ) k)_h [@ out_weight_h]`` with the causal mask, via SDPA."""
+    n = q.shape[-2]
+    if mask == "inclusive":
+        ctx = F.scaled_dot_product_attention(q, k, k, is_causal=True, scale=beta, dropout_p=dropout_p)
+    else:
+        allowed, empty = _safe_mask(n, mask, q.device)
+        ctx = F.scaled_dot_product_attention(q, k, k, attn_mask=allowed, scale=beta, dropout_p=dropout_p)
+        ctx = ctx.masked_fill(empty[:, None], 0.0)                  # token 0: no context, no force
+    a = alpha.to(ctx.dtype)
+    if out_weight is None:
+        return -torch.einsum("h,bhne->bne", a, ctx)
+    return -torch.einsum("h,bhne,hed->bnd", a, ctx, out_weight)
+
+
+# --------------------------------------------------------------------------------------------
+# feed-forward energies
+# --------------------------------------------------------------------------------------------
+def gelu(z: torch.Tensor) -> torch.Tensor:
+    """Exact (erf) GELU ``σ(z) = z Φ(z)``, PyTorch's ``nn.GELU()`` default."""
+    return F.gelu(z)
+
+
+def gelu_prime(z: torch.Tensor) -> torch.Tensor:
+    """``σ'(z) = Φ(z) + z φ(z)`` for the exact GELU."""
+    cdf = 0.5 * (1.0 + torch.erf(z * _INV_SQRT_2))
+    pdf = torch.exp(-0.5 * z * z) * _INV_SQRT_2PI
+    return cdf + z * pdf
+
+
+def _linear(g: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return F.linear(g, W.to(g.dtype), None if b is None else b.to(g.dtype))
+
+
+def ff1_energy(g: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """FF1 (NRGPT_H_FF1) energy ``−‖σ(W g + b)‖²`` per token: ``(B, N, d) -> (B, N)``; ``W (M, d)``, ``b (M,)``."""
+    return -gelu(_linear(g, W, b)).pow(2).sum(dim=-1)
+
+
+def ff1_grad(g: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """``∂E/∂g = −2 Wᵀ(σ(z) ⊙ σ'(z))``, ``z = W g + b`` (SPEC §4.3): ``(B, N, d)``.
+
+    Fast path: a fused ``autograd.Function`` with a hand-written backward (saves two
+    ``(…, M)`` tensors instead of the ~10 element-wise intermediates autograd would keep);
+    first-order differentiable only. :func:`ff1_grad_naive` is the plain reference held equal
+    in the tests, forward and backward.
+    """
+    return _FF1Grad.apply(g, W.to(g.dtype), None if b is None else b.to(g.dtype))[0]
+
+
+def ff1_grad_naive(g: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """Plain reference for :func:`ff1_grad` (ordinary autograd through the formula)."""
+    z = _linear(g, W, b)
+    return -2.0 * (gelu(z) * gelu_prime(z)) @ W.to(g.dtype)
+
+
+def ff2w_energy(g: torch.Tensor, W1: torch.Tensor, b1: torch.Tensor | None,
+                W2: torch.Tensor, b2: torch.Tensor | None) -> torch.Tensor:
+    """FF2W (NRGPT_H_FF2W) energy ``−gᵀ(W² σ(W¹ g + b¹) + b²)``: ``(B, N)``; ``W1 (M, d)``, ``W2 (d, M)``."""
+    return -(g * _linear(gelu(_linear(g, W1, b1)), W2, b2)).sum(dim=-1)
+
+
+def ff2w_grad(g: torch.Tensor, W1: torch.Tensor, b1: torch.Tensor | None,
+              W2: torch.Tensor, b2: torch.Tensor | None) -> torch.Tensor:
+    """``∂E/∂g = −(W² σ(z) + b²) − W¹ᵀ(σ'(z) ⊙ W²ᵀ g)``, ``z = W¹ g + b¹`` (SPEC §4.3): ``(B, N, d)``.
+
+    The first term is a standard MLP; the second is the symmetric correction.
+    Fast path: a fused ``autograd.Function`` with a hand-written backward (saves four
+    ``(…, M)`` tensors; first-order differentiable only); :func:`ff2w_grad_naive` is the plain
+    reference held equal in the tests, forward and backward.
+    """
+    cast = lambda t: None if t is None else t.to(g.dtype)  # noqa: E731
+    return _FF2WGrad.apply(g, cast(W1), cast(b1), cast(W2), cast(b2))[0]
+
+
+def ff2w_grad_naive(g: torch.Tensor, W1: torch.Tensor, b1: torch.Tensor | None,
+                    W2: torch.Tensor, b2: torch.Tensor | None) -> torch.Tensor:
+    """Plain reference for :func:`ff2w_grad` (ordinary autograd through the formula)."""
+    z = _linear(g, W1, b1)
+    W1c, W2c = W1.to(g.dtype), W2.to(g.dtype)
+    mlp = _linear(gelu(z), W2c, b2)
+    corr = (gelu_prime(z) * (g @ W2c)) @ W1c
+    return -(mlp + corr)
+
+
+def ff2_energy(g: torch.Tensor, Wa: torch.Tensor, a: torch.Tensor | None,
+               Wb: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """FF2 (reference ``GradFeedForward_2Lay``) energy ``−‖σ(W^b σ(W^a g + a) + b)‖²``: ``(B, N)``.
+
+    ``Wa (d_a, d)`` (the reference uses ``d_a = d``), ``Wb (M, d_a)``.
+    """
+    return -gelu(_linear(gelu(_linear(g, Wa, a)), Wb, b)).pow(2).sum(dim=-1)
+
+
+def ff2_grad(g: torch.Tensor, Wa: torch.Tensor, a: torch.Tensor | None,
+             Wb: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """``∂E/∂g = −2 W^aᵀ(σ'(z₁) ⊙ W^bᵀ(σ(z₂) ⊙ σ'(z₂)))`` with ``z₁ = W^a g + a``, ``z₂ = W^b σ(z₁) + b``.
+
+    Analytic (the reference code uses ``torch.func.grad``, i.e. double backward in training;
+    this closed form needs only first-order autograd). ``(B, N, d)``.
+    """
+    s1, sp1 = _gelu_parts(_linear(g, Wa, a), second=False)
+    s2, sp2 = _gelu_parts(_linear(s1, Wb, b), second=False)
+    return -2.0 * (sp1 * ((s2 * sp2) @ Wb.to(g.dtype))) @ Wa.to(g.dtype)
+
+
+FF_KINDS = ("ff1", "ff2w", "ff2")
+
+
+# --------------------------------------------------------------------------------------------
+# fused FF forces (forward = the analytic gradient; backward = its derivative, written out)
+# --------------------------------------------------------------------------------------------
+_TAIL = 10.0  # |z| beyond which φ(z) < 7.7e-23 and Φ(−|z|) < 7.6e-24
+
+
+def _gelu_parts(z: torch.Tensor, second: bool = True):
+    """``σ(z), σ'(z)`` and (``second=True``) ``σ''(z) = φ(z)(2 − z²)`` of the exact GELU.
+
+    ``φ`` and ``Φ`` are evaluated at ``z`` clamped to ``±10``: their tails would otherwise
+    underflow into subnormal floats (|z| > 13 in float32), which makes every later CPU op on
+    them ~10× slower — a real slowdown once training grows the FF weights. The absolute change
+    is below 1e-20 per element (``σ(z) = z Φ(z)`` still uses the unclamped ``z``).
+    """
+    zc = z.clamp(-_TAIL, _TAIL)
+    zz = zc * zc
+    cdf = torch.special.ndtr(zc)
+    pdf = torch.exp(zz * -0.5) * _INV_SQRT_2PI
+    s, sp = z * cdf, torch.addcmul(cdf, zc, pdf)
+    if not second:
+        return s, sp
+    return s, sp, pdf * (2.0 - zz)
+
+
+def _sum_rows(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, t.shape[-1]).sum(0)
+
+
+def _outer(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``Σ_rows aᵀ b`` for ``a (…, p)``, ``b (…, q)`` → ``(p, q)``."""
+    return a.reshape(-1, a.shape[-1]).T @ b.reshape(-1, b.shape[-1])
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype the fused functions compute in: the autocast dtype when autocast is on, else x's."""
+    dev = x.device.type
+    if torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return x.dtype
+
+
+class _FF1Grad(torch.autograd.Function):
+    """``F = −2 (σ(z) ⊙ σ'(z)) W``, ``z = g Wᵀ + b`` (row form).
+
+    Mixed precision: under autocast, inputs are cast to the autocast dtype and the forward and
+    backward run in it with autocast off (gradients are returned in each input's own dtype).
+    """
+
+    generate_vmap_rule = True  # usable under torch.func.vmap
+
+    @staticmethod
+    def forward(g, W, b):
+        dt = _compute_dtype(g)
+        with torch.autocast(g.device.type, enabled=False):
+            g, W = g.to(dt), W.to(dt)
+            b = None if b is None else b.to(dt)
+            s, sp, spp = _gelu_parts(F.linear(g, W, b))
+            ssp = s * sp
+            # σσ' and (σσ')' = σ'² + σσ'' are kept for the backward
+            # (inputs are returned as views: autograd.Function may not save an input returned as-is)
+            return -2.0 * ssp @ W, g.view_as(g), W.view_as(W), ssp, sp * sp + s * spp
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        g, W, b = inputs
+        ctx.dtypes = (g.dtype, W.dtype, None if b is None else b.dtype)
+        ctx.save_for_backward(*output[1:])
+        ctx.mark_non_differentiable(*output[1:])
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, G, *_):
+        g, W, ssp, dssp = ctx.saved_tensors
+        with torch.autocast(G.device.type, enabled=False):
+            G2 = -2.0 * G.to(g.dtype)
+            dz = (G2 @ W.T).mul_(dssp)                 # ∂L/∂z
+            dW = _outer(ssp, G2) + _outer(dz, g)
+            db = _sum_rows(dz).to(ctx.dtypes[2]) if ctx.dtypes[2] is not None else None
+            return (dz @ W).to(ctx.dtypes[0]), dW.to(ctx.dtypes[1]), db
+
+
+class _FF2WGrad(torch.autograd.Function):
+    """``F = −(σ(z) W²ᵀ + b²) − (σ'(z) ⊙ u) W¹``, ``z = g W¹ᵀ + b¹``, ``u = g W²`` (row form).
+
+    Mixed precision as in :class:`_FF1Grad`.
+    """
+
+    generate_vmap_rule = True  # usable under torch.func.vmap
+
+    @staticmethod
+    def forward(g, W1, b1, W2, b2):
+        dt = _compute_dtype(g)
+        with torch.autocast(g.device.type, enabled=False):
+            g, W1, b1, W2, b2 = (None if t is None else t.to(dt) for t in (g, W1, b1, W2, b2))
+            s, sp, spp = _gelu_parts(F.linear(g, W1, b1))
+            u = g @ W2
+            spu = sp * u
+            # kept for the backward: g, W¹, W², σ, σ', σ'⊙u, u⊙σ''
+            return (-(F.linear(s, W2, b2) + spu @ W1), g.view_as(g), W1.view_as(W1), W2.view_as(W2),
+                    s, sp, spu, u * spp)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.dtypes = tuple(None if t is None else t.dtype for t in inputs)
+        ctx.save_for_backward(*output[1:])
+        ctx.mark_non_differentiable(*output[1:])
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, G, *_):
+        g, W1, W2, s, sp, spu, uspp = ctx.saved_tensors
+        with torch.autocast(G.device.type, enabled=False):
+            A = -G.to(g.dtype)                         # ∂L/∂(σ(z)W²ᵀ + b² + (σ'⊙u)W¹)
+            Q = A @ W1.T                               # ∂L/∂(σ'⊙u)        (…, M)
+            du = Q * sp                                # ∂L/∂u
+            dz = (A @ W2).mul_(sp).addcmul_(Q, uspp)   # ∂L/∂z = ∂L/∂σ ⊙ σ' + Q ⊙ u ⊙ σ''
+            grads = (du @ W2.T + dz @ W1,              # g
+                     _outer(spu, A) + _outer(dz, g),   # W¹
+                     _sum_rows(dz),                    # b¹
+                     _outer(A, s) + _outer(g, du),     # W²
+                     _sum_rows(A))                     # b²
+            return tuple(None if dt is None else gr.to(dt) for gr, dt in zip(grads, ctx.dtypes))

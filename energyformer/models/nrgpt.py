@@ -1,0 +1,239 @@
+"""NRGPT (eNeRgy-GPT) language model (SPEC §4.6): one shared energy block applied ``n_steps`` times.
+
+::
+
+    x⁰ = E_tok[idx] + E_pos[0:N]                       (B, N, d)
+    xᵗ⁺¹ = xᵗ − κ_t η(∂E_AT/∂g + s_ff ∂E_FF/∂g),  g = Norm(xᵗ)   (t = 0 … T−1, one shared block)
+    logits = lm_head(LayerNorm(xᵀ))                     (B, N, V), untied head with bias
+
+Extras beyond the reference code:
+
+* energy monitoring (``return_energies=True``) — per-step, per-term, per-token energies;
+* inference-time scaling (``n_steps=K`` at call time, more or fewer steps than trained) and
+  per-token early stopping (``stop_tol``);
+* every option of :class:`energyformer.layers.nrgpt.NRGPTBlock`, and a reference preset
+  (:meth:`NRGPTConfig.reference`, or ``preset: reference`` in a YAML recipe) that reproduces
+  the released code's model exactly (SPEC §4.2–§4.6).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn as nn
+
+from energyformer._validate import check_choice, check_divides, check_float, check_int
+from energyformer.energies.nrgpt import FF_KINDS, MASKS
+from energyformer.layers.norms import LayerNorm
+from energyformer.layers.nrgpt import ATTENTIONS, BLOCK_NORMS, STEP_SIZES, NRGPTBlock
+from energyformer.models.base import CausalLM, ModelConfig
+
+PRESETS = (None, "reference", "reference_listops")
+
+
+@dataclass
+class NRGPTConfig(ModelConfig):
+    """NRGPT hyper-parameters (SPEC §4, defaults per SPEC §6).
+
+    Fields whose default depends on ``preset`` are resolved in ``__post_init__`` and hold the
+    concrete value afterwards (so ``to_dict``/``from_dict`` round-trip):
+
+    * ``mask``: ``None`` → ``"strict"`` (paper); ``"inclusive"`` for ``preset="reference"``.
+    * ``norm``: ``"auto"`` → ``"layernorm"``; ``"layernorm_frozen"`` for the reference presets.
+      ``None`` or ``"none"`` means *no* normalization (``g = x``).
+    * ``learn_alpha``: ``None`` → ``True``; ``False`` (α ≡ 1) for the reference presets.
+    * ``beta``: ``None`` → 1 (full J) or ``1/sqrt(head_dim)`` (factored).
+
+    ``preset``: ``None``; ``"reference"`` (the released code on language modelling: full J,
+    α = β = 1 fixed, inclusive mask, frozen-γ LayerNorm, η a bias-free linear map); or
+    ``"reference_listops"`` (the same with the strict mask). Explicitly given fields override.
+
+    ``n_steps`` is the depth T: the number of applications of the one shared block.
+    ``per_step_scale=True`` adds learnable per-step scalars κ_t (init 1) multiplying η.
+
+    Raises:
+        ValueError: any invalid field (``n_steps < 1``, ``n_heads`` not dividing ``d_model``,
+            ``c_init <= 0``, unknown choices, ...).
+    """
+
+    arch: ClassVar[str] = "nrgpt"
+    d_model: int = 128
+    n_heads: int = 4
+    n_steps: int = 6
+    ff: str = "ff2w"
+    d_ff: int | None = None
+    dropout: float = 0.0
+    attention: str = "full"
+    head_dim: int | None = None
+    beta: float | None = None
+    learn_alpha: bool | None = None
+    mask: str | None = None
+    norm: str | None = "auto"
+    step_size: str = "full"
+    c_init: float = 0.1
+    per_step_scale: bool = False
+    preset: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice("preset", self.preset, PRESETS)
+        ref = self.preset is not None
+        check_int("d_model", self.d_model, 1)
+        check_int("n_heads", self.n_heads, 1)
+        check_divides("n_heads", self.n_heads, "d_model", self.d_model)
+        check_int("n_steps", self.n_steps, 1)
+        check_choice("ff", self.ff, FF_KINDS)
+        if self.d_ff is None:
+            self.d_ff = 4 * self.d_model
+        check_int("d_ff", self.d_ff, 1)
+        check_float("dropout", self.dropout, 0.0, maximum=0.999)
+        check_choice("attention", self.attention, ATTENTIONS)
+        if self.head_dim is None:
+            self.head_dim = self.d_model // self.n_heads
+        check_int("head_dim", self.head_dim, 1)
+        if self.beta is None:
+            self.beta = 1.0 if self.attention == "full" else self.head_dim ** -0.5
+        self.beta = check_float("beta", self.beta, 0.0, strict=True)
+        if self.learn_alpha is None:
+            self.learn_alpha = not ref
+        if not isinstance(self.learn_alpha, bool):
+            raise ValueError(f"learn_alpha={self.learn_alpha!r} must be true or false")
+        if self.mask is None:
+            self.mask = "inclusive" if self.preset == "reference" else "strict"
+        check_choice("mask", self.mask, MASKS)
+        if self.norm == "auto":
+            self.norm = "layernorm_frozen" if ref else "layernorm"
+        check_choice("norm", self.norm, BLOCK_NORMS + ("auto",))
+        check_choice("step_size", self.step_size, STEP_SIZES)
+        check_float("c_init", self.c_init, 0.0, strict=True)
+        if self.step_size == "c_diag_gamma" and self.norm in (None, "none"):
+            raise ValueError("step_size='c_diag_gamma' needs a norm with a scale γ; with norm=None "
+                             "use step_size='c_identity' or 'psd_plus_skew'")
+        if not isinstance(self.per_step_scale, bool):
+            raise ValueError(f"per_step_scale={self.per_step_scale!r} must be true or false")
+
+    @classmethod
+    def reference(cls, task: str = "lm", **overrides: Any) -> "NRGPTConfig":
+        """Config reproducing the released NRGPT code (SPEC §4.2–§4.6).
+
+        ``task="lm"`` (OWT / Shakespeare runs): inclusive mask. ``task="listops"``: strict mask.
+        Full ``J`` per head, α = β = 1 fixed, frozen-γ LayerNorm, η a bias-free ``Linear(d, d)``,
+        learnable ``s_ff``, GELU FF with biases, learned positions, untied LM head with bias.
+        ``overrides`` set any other field (e.g. ``d_model``, ``ff="ff1"``, ``dropout``).
+
+        Raises:
+            ValueError: ``task`` not in ``("lm", "listops")``, or an invalid override.
+        """
+        check_choice("task", task, ("lm", "listops"))
+        overrides.setdefault("attention", "full")
+        overrides.setdefault("step_size", "full")
+        return cls(preset="reference" if task == "lm" else "reference_listops", **overrides)
+
+
+class NRGPT(CausalLM):
+    """NRGPT language model ``idx (B, N) -> logits (B, N, V)`` (SPEC §4.6)."""
+
+    def __init__(self, config: NRGPTConfig):
+        super().__init__()
+        self.config = c = config
+        self.wte = nn.Embedding(c.vocab_size, c.d_model)
+        self.wpe = nn.Embedding(c.block_size, c.d_model)
+        self.block = NRGPTBlock(
+            c.d_model, c.n_heads, attention=c.attention, head_dim=c.head_dim, beta=c.beta,
+            learn_alpha=c.learn_alpha, mask=c.mask, ff=c.ff, d_ff=c.d_ff, step_size=c.step_size,
+            c_init=c.c_init, norm=c.norm, dropout=c.dropout)
+        self.step_scales = nn.Parameter(torch.ones(c.n_steps)) if c.per_step_scale else None
+        self.ln_f = LayerNorm(c.d_model)
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=True)
+        for m in (self.wte, self.wpe, self.lm_head):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+        nn.init.zeros_(self.lm_head.bias)
+
+    def embedding_params(self) -> list[nn.Parameter]:
+        return [self.wte.weight, self.wpe.weight]
+
+    def step_scale(self, t: int) -> torch.Tensor | None:
+        """κ_t for step ``t`` (``None`` without per-step scales). Steps beyond the trained
+        ``n_steps`` reuse the last κ (inference-time scaling)."""
+        if self.step_scales is None:
+            return None
+        return self.step_scales[min(t, self.step_scales.numel() - 1)]
+
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """``x⁰ = E_tok[idx] + E_pos[0:N]``: ``(B, N) -> (B, N, d)``."""
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        return self.wte(idx) + self.wpe(pos)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
+                n_steps: int | None = None, stop_tol: float | None = None,
+                return_energies: bool = False):
+        """Run the recurrent energy descent and the LM head.
+
+        Args:
+            idx: token ids ``(B, N)``.
+            targets: ``(B, N)`` next-token ids (``-1`` ignored) or ``None``.
+            n_steps: number of descent steps T for this call (default ``config.n_steps``); may
+                exceed the trained depth (inference-time scaling; extra steps reuse the last κ).
+            stop_tol: per-token early stopping. After every step, token ``A`` of sequence ``b``
+                is frozen (its state is no longer updated in later steps) once
+                ``|E_A(xᵗ⁺¹) − E_A(xᵗ)| < stop_tol``, where ``E_A = E_AT + s_ff E_FF`` is its
+                total energy. ``E_A`` depends only on positions ≤ A, so the rule is causal.
+                The loop ends early when every token is frozen. ``None`` disables it.
+            return_energies: also return the energy trace (computed under ``no_grad``; nothing
+                is computed when ``False`` and ``stop_tol`` is ``None``).
+
+        Returns:
+            ``(logits (B, N, V), loss or None)``, plus, when ``return_energies=True``, a dict
+            with ``"attn"``, ``"ff"``, ``"total"``: ``(S + 1, B, N)`` per-token energies of the
+            states ``x⁰ … x^S`` (``S`` = steps actually run, ``S ≤ T``; ``"ff"`` includes
+            ``s_ff``), and ``"steps"``: ``(B, N)`` int64, the number of updates each token got.
+
+        Raises:
+            ValueError: bad ``idx``/``targets`` (see ``check_input``), ``n_steps < 1``,
+                ``stop_tol < 0``.
+
+        With ``mask="strict"`` token 0 has no context: its attention energy and force are 0, so
+        its state moves by the FF force only (and a length-1 sequence gives FF-only logits).
+        """
+        self.check_input(idx, targets)
+        T = self.config.n_steps if n_steps is None else check_int("n_steps", n_steps, 1)
+        if stop_tol is not None:
+            stop_tol = check_float("stop_tol", stop_tol, 0.0)
+        track = return_energies or stop_tol is not None
+
+        x = self.embed(idx)
+        trace: list[dict[str, torch.Tensor]] = []
+        e_prev = self._energies(x) if track else None
+        if track:
+            trace.append(e_prev)
+        active = torch.ones(idx.shape, dtype=torch.bool, device=idx.device)
+        steps = torch.zeros(idx.shape, dtype=torch.long, device=idx.device)
+        for t in range(T):
+            x_new = self.block(x, scale=self.step_scale(t))
+            if stop_tol is not None:
+                x_new = torch.where(active.unsqueeze(-1), x_new, x)
+            steps += active.long()
+            x = x_new
+            if track:
+                e = self._energies(x)
+                trace.append(e)
+                if stop_tol is not None:
+                    active = active & ~((e["total"] - e_prev["total"]).abs() < stop_tol)
+                    if not bool(active.any()):
+                        break
+                e_prev = e
+
+        logits = self.lm_head(self.ln_f(x))
+        loss = self.lm_loss(logits, targets)
+        if not return_energies:
+            return logits, loss
+        energies = {k: torch.stack([e[k] for e in trace]) for k in ("attn", "ff", "total")}
+        energies["steps"] = steps
+        return logits, loss, energies
+
+    @torch.no_grad()
+    def _energies(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        e = self.block.energy(x)
+        e["total"] = e["attn"] + e["ff"]
+        return e
