@@ -74,6 +74,9 @@ def train(run_cfg: RunConfig, *, progress: bool | None = None) -> dict[str, Any]
         torch.set_num_threads(tc.num_threads)
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 matmuls, as nanoGPT
+    else:
+        # Denormal floats from GELU/softmax tails made CPU steps up to ~10x slower mid-run.
+        torch.set_flush_denormal(True)
     seed_everything(tc.seed)
     amp = (torch.autocast(device.type, dtype=torch.bfloat16) if tc.dtype == "bfloat16"
            else contextlib.nullcontext())
