@@ -5,6 +5,7 @@
     energyformer train CONFIG.yaml [--section.key value ...]
     energyformer sample RUN_DIR --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K] [--seed S]
     energyformer info CONFIG.yaml [--section.key value ...]
+    energyformer compare RUN_DIR [RUN_DIR ...] [--out TABLE.md|TABLE.json] [--plot CURVES.png]
 
 User errors (bad options, missing files, data errors) print ``error: <message>`` and exit with
 status 2; ``--debug`` (anywhere on the command line) shows the traceback instead. A diverged
@@ -13,6 +14,7 @@ training run exits with status 3.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import traceback
 from pathlib import Path
@@ -108,6 +110,22 @@ def info(config: str, overrides: Sequence[str] = ()) -> str:
     return parameter_report(run_cfg.model) + note
 
 
+def compare(run_dirs: Sequence[str], out: str | None = None, plot: str | None = None) -> str:
+    """Markdown table of finished runs (``energyformer.eval.compare``); optionally saved and plotted."""
+    from energyformer.eval.compare import compare_runs, format_markdown, plot_curves
+
+    rows = compare_runs(run_dirs)
+    table = format_markdown(rows)
+    if out is not None:
+        out_path = Path(out)
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(rows, indent=2) if out_path.suffix == ".json" else table
+        out_path.write_text(text + "\n", encoding="utf-8")
+    if plot is not None:
+        plot_curves(run_dirs, plot)
+    return table
+
+
 def _basic_report(model_cfg: Any) -> str:
     import torch
 
@@ -166,6 +184,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("info", help="parameter report of a recipe's model")
     sp.add_argument("config", help="YAML recipe")
     sp.add_argument("overrides", nargs=argparse.REMAINDER, help="--section.key VALUE overrides")
+
+    sp = sub.add_parser("compare", help="one table (and loss curves) across finished runs")
+    sp.add_argument("run_dirs", nargs="+", help="run directories (train.out_dir of finished runs)")
+    sp.add_argument("--out", default=None, help="also write the table (.md) or the rows (.json) here")
+    sp.add_argument("--plot", default=None, help="save validation/training loss curves (PNG) here")
     return p
 
 
@@ -191,6 +214,8 @@ def _run(args: argparse.Namespace) -> int:
         print("\n---------------\n".join(texts))
     elif args.command == "info":
         print(info(args.config, args.overrides))
+    elif args.command == "compare":
+        print(compare(args.run_dirs, out=args.out, plot=args.plot))
     return 0
 
 

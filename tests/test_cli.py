@@ -141,3 +141,25 @@ def test_version_and_help(capsys):
     r = subprocess.run([sys.executable, "-m", "energyformer", "--help"], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and "prepare" in r.stdout and "train" in r.stdout and "sample" in r.stdout
+
+
+def test_compare_table_json_and_plot(trained, tmp_path, capsys):
+    out_md, out_json, plot = tmp_path / "t.md", tmp_path / "t.json", tmp_path / "c.png"
+    assert main(["compare", str(trained), str(trained), "--out", str(out_md), "--plot", str(plot)]) == 0
+    table = capsys.readouterr().out
+    summary = json.loads((trained / "summary.json").read_text())
+    assert table.count(f"| {trained.name} | gpt | {summary['params']:,} | ") == 2
+    assert f"{summary['best_val_loss']:.4f}" in table
+    assert out_md.read_text().strip() == table.strip()
+    assert plot.stat().st_size > 1000 and plot.read_bytes()[:4] == b"\x89PNG"
+    assert main(["compare", str(trained), "--out", str(out_json)]) == 0
+    rows = json.loads(out_json.read_text())
+    assert rows[0]["params"] == summary["params"] and rows[0]["arch"] == "gpt"
+
+
+def test_compare_errors(tmp_path, capsys):
+    assert main(["compare", str(tmp_path)]) == 2
+    assert "summary.json" in capsys.readouterr().err
+    (tmp_path / "summary.json").write_text("{not json")
+    assert main(["compare", str(tmp_path)]) == 2
+    assert "not valid JSON" in capsys.readouterr().err

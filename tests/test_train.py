@@ -64,6 +64,9 @@ def test_training_lowers_loss_and_writes_run_files(data_dir, tmp_path):
     assert json.loads((out / "meta.json").read_text()) == json.loads((data_dir / "meta.json").read_text())
     state = load_train_state(out)
     assert state["step"] == 30 and state["best_val_loss"] == pytest.approx(summary["best_val_loss"])
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["steps"] == 30 and saved["final_val_loss"] == pytest.approx(summary["final_val_loss"])
+    assert saved["params"] == summary["params"]
 
 
 def test_resume_is_exact(data_dir, tmp_path):

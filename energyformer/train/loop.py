@@ -15,6 +15,7 @@ So N steps + resume for N more reproduces a 2N-step run (with the same ``lr_deca
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import random
 import time
@@ -194,7 +195,7 @@ def train(run_cfg: RunConfig, *, progress: bool | None = None) -> dict[str, Any]
         last_eval = evaluate()
         best_val = min(best_val, last_eval["val"])
     tokens_per_s = total_tokens / total_time if total_time > 0 else 0.0
-    return {
+    summary = {
         "steps": step,
         "steps_this_run": step - start_step,
         "resumed_from": start_step if resume_dir is not None else None,
@@ -209,6 +210,9 @@ def train(run_cfg: RunConfig, *, progress: bool | None = None) -> dict[str, Any]
         "device": str(device),
         "out_dir": str(out_dir),
     }
+    # For `compare`-style tables across runs; metrics.jsonl keeps the full curve.
+    ckpt.atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    return summary
 
 
 # ------------------------------------------------------------------------------------------------
