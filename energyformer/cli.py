@@ -87,7 +87,8 @@ def sample(run_dir: str, prompt: str = "\n", max_new_tokens: int = 500, temperat
         raise ValueError("the prompt is empty; give at least one character, e.g. --prompt $'\\n'")
     generator = torch.Generator(device=dev).manual_seed(seed)
     idx = torch.tensor([ids] * num_samples, dtype=torch.long, device=dev)
-    out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator)
+    out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator,
+                         vocab_limit=min(tokenizer.vocab_size, model.config.vocab_size))
     return [tokenizer.decode(row.tolist()) for row in out]
 
 
@@ -103,10 +104,8 @@ def info(config: str, overrides: Sequence[str] = ()) -> str:
             raise
         run_cfg = load_config(config, overrides, resolve_vocab=True, default_vocab_size=65)
         note = f"\n(vocab_size=65 assumed: {e})"
-    try:
-        from energyformer.models.accounting import parameter_report
-    except ImportError:  # accounting module not available: fall back to the total count
-        return _basic_report(run_cfg.model) + note
+    from energyformer.models.accounting import parameter_report
+
     return parameter_report(run_cfg.model) + note
 
 
@@ -124,17 +123,6 @@ def compare(run_dirs: Sequence[str], out: str | None = None, plot: str | None = 
     if plot is not None:
         plot_curves(run_dirs, plot)
     return table
-
-
-def _basic_report(model_cfg: Any) -> str:
-    import torch
-
-    from energyformer.models.registry import build_model
-
-    with torch.device("meta"):
-        model = build_model(model_cfg)
-    return (f"{type(model).__name__} ({model_cfg.arch}): {model.num_params():,} parameters, "
-            f"{model.num_params(non_embedding=True):,} without embeddings")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -250,7 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(e.code or 0)
     from energyformer.train.loop import TrainingDivergedError
 
-    user_errors: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, NotADirectoryError)
+    user_errors: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, NotADirectoryError,
+                                                    IsADirectoryError, FileExistsError, PermissionError)
     try:
         from energyformer.data import DataPreparationError
 

@@ -337,6 +337,10 @@ def test_preconditioner_bad_options_raise():
         Preconditioner(D, "diag_lowrank", rank=0)
     with pytest.raises(ValueError, match="preconditioner_rank=20"):
         Preconditioner(D, "diag_lowrank_psd", rank=20)
+    for kind in ("diag_lowrank", "diag_lowrank_psd"):
+        with pytest.raises(ValueError, match=f"preconditioner_rank={D} must be < d_model={D}"):
+            Preconditioner(D, kind, rank=D)
+    Preconditioner(D, "diag", rank=D)  # rank is unused by the diagonal form
 
 
 # ----------------------------------------------------------------------------- causality of every state

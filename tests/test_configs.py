@@ -169,9 +169,28 @@ def test_optional_fields_from_strings():
 
     assert coerce("null", int | None, "x") is None and coerce("None", int | None, "x") is None
     assert coerce("7", int | None, "x") == 7
-    assert coerce("none", str | None, "x") == "none"  # may be a legitimate choice
+    assert coerce("none", str | None, "x") is None  # `--model.rope none` (issue found by a user test)
+    assert coerce("exact", str | None, "x") == "exact"
     assert coerce("~", str | None, "x") is None
     assert coerce("1e-3", float | str, "x") == 1e-3 and coerce("abc", float | str, "x") == "abc"
     assert coerce([1, 2], tuple[int, ...], "x") == (1, 2) and coerce("[1, 2]", list[int], "x") == [1, 2]
     with pytest.raises(ValueError, match=r"x='abc' must be an integer or null"):
         coerce("abc", int | None, "x")
+
+
+def test_none_spellings_reach_optional_model_options():
+    cfg = load_config(ROOT / "configs/shakespeare_char/cem.yaml", ["--model.rope", "none",
+                      "--model.preconditioner", "None"], default_vocab_size=65)
+    assert cfg.model.rope is None and cfg.model.preconditioner is None
+
+
+def test_build_model_from_a_recipe_anywhere_with_overrides(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the recipe's data.root ("data") does not exist here
+    recipe = ROOT / "configs/shakespeare_char/nrgpt.yaml"
+    with pytest.raises(FileNotFoundError, match="--model.vocab_size"):
+        build_model(recipe)
+    model = build_model(recipe, vocab_size=65, n_steps=2)
+    assert model.config.vocab_size == 65 and model.config.n_steps == 2
+    cfg = load_config(recipe, default_vocab_size=65, resolve_vocab=True).model
+    assert build_model(cfg, n_steps=3).config.n_steps == 3
+    assert build_model(cfg.to_dict()).config == cfg

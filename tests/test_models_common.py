@@ -111,3 +111,30 @@ def test_gpt_parameter_count_matches_reference_code():
                          "n_layers": 12, "n_heads": 12})
     assert m.num_params() == 163_132_032
     assert m.num_params(non_embedding=True) == 163_132_032 - 50304 * 768 - 1024 * 768
+
+
+@pytest.mark.parametrize("arch,kw", CASES[:1] + CASES[-1:], ids=IDS[:1] + IDS[-1:])
+def test_bad_targets_and_generate_guards(arch, kw):
+    model = make(arch, kw)
+    idx = torch.zeros(1, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match=rf"target id {V} is out of range"):
+        model(idx, targets=torch.tensor([[1, 2, V]]))
+    with pytest.raises(ValueError, match="target id -5"):
+        model(idx, targets=torch.tensor([[1, -5, 2]]))
+    model(idx, targets=torch.tensor([[1, -1, 2]]))  # -1 = ignored position
+    with pytest.raises(ValueError, match="targets must be a torch.long"):
+        model(idx, targets=torch.zeros(1, 3))
+    with pytest.raises(ValueError, match="dtype torch.uint8"):
+        model(torch.zeros(1, 3, dtype=torch.uint8))
+    model(torch.zeros(1, 3, dtype=torch.int32))
+    with pytest.raises(ValueError, match="token id"):  # checked even when nothing is generated
+        model.generate(torch.tensor([[V + 1]]), max_new_tokens=0)
+    out = model.generate(idx, max_new_tokens=30, temperature=5.0, vocab_limit=3,
+                         generator=torch.Generator().manual_seed(0))
+    assert int(out.max()) < 3
+    with pytest.raises(ValueError, match="vocab_limit"):
+        model.generate(idx, max_new_tokens=1, vocab_limit=V + 1)
+    with torch.no_grad():
+        next(model.parameters()).fill_(float("nan"))
+    with pytest.raises(ValueError, match="non-finite logits"):
+        model.generate(idx, max_new_tokens=1)

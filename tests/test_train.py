@@ -266,3 +266,39 @@ def test_modules_can_exempt_matrices_from_weight_decay():
     assert any(n.endswith("attn.diag") for n in exempt)
     assert any(n.endswith("precond.u") for n in exempt) and any(n.endswith("precond.v") for n in exempt)
     assert any(n.endswith("q_proj.weight") for n in (names[i] for i in decay))
+
+
+def test_auto_resume_refuses_to_delete_an_incomplete_checkpoint(data_dir, tmp_path):
+    """resume=auto with checkpoint files but no complete checkpoint must not silently start over."""
+    out = tmp_path / "run"
+    train(tiny_cfg(data_dir, out, max_steps=4, eval_interval=2), progress=False)
+    (out / "checkpoint.json").write_text("{}")
+    weights = (out / "model.safetensors").read_bytes()
+    with pytest.raises(ValueError, match=r"no complete checkpoint.*--train.resume never"):
+        train(tiny_cfg(data_dir, out, max_steps=6, eval_interval=2), progress=False)
+    assert (out / "model.safetensors").read_bytes() == weights  # nothing was deleted
+    s = train(tiny_cfg(data_dir, out, max_steps=2, eval_interval=2, resume="never"), progress=False)
+    assert s["steps"] == 2 and s["resumed_from"] is None
+
+
+def test_non_finite_weights_are_never_checkpointed(data_dir, tmp_path, monkeypatch):
+    """An optimizer step can blow the weights up while that step's loss was finite."""
+    out = tmp_path / "run"
+    real_step = torch.optim.AdamW.step
+    calls = {"n": 0}
+
+    def step_then_poison(self, *a, **kw):
+        result = real_step(self, *a, **kw)
+        calls["n"] += 1
+        if calls["n"] == 5:
+            with torch.no_grad():
+                self.param_groups[0]["params"][0].fill_(float("nan"))
+        return result
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step_then_poison)
+    cfg = tiny_cfg(data_dir, out, max_steps=10, ckpt_interval=1, eval_interval=100)
+    with pytest.raises(TrainingDivergedError, match=r"non-finite at step 5.*step 4"):
+        train(cfg, progress=False)
+    assert find_checkpoint(out)["step"] == 4
+    model, _, _ = load_run(out)
+    assert all(torch.isfinite(p).all() for p in model.parameters())

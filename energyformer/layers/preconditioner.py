@@ -49,14 +49,13 @@ class Preconditioner(nn.Module):
     Args:
         d_model: ``d``.
         kind: "diag", "diag_lowrank" or "diag_lowrank_psd".
-        rank: ``r`` of the low-rank part (ignored for "diag"); must satisfy ``r ≤ d`` for the
-            PSD init.
+        rank: ``r`` of the low-rank part (ignored for "diag"); ``1 ≤ r < d``.
         init_std: std of ``U`` for "diag_lowrank" (SPEC: 0.02).
         psd_init: relative size of the PSD init factor (see module docstring), in (0, 1).
         init_scale: ``s`` with ``P = s·I`` at init (> 0).
 
     Raises:
-        ValueError: unknown ``kind``, ``rank < 1``, ``rank > d_model`` for the PSD form, bad
+        ValueError: unknown ``kind``, ``rank < 1``, ``rank >= d_model`` for a low-rank kind, bad
             ``psd_init`` or ``init_scale``.
     """
 
@@ -71,8 +70,9 @@ class Preconditioner(nn.Module):
         check_float("init_std", init_std, 0.0)
         check_float("psd_init", psd_init, 0.0, strict=True, maximum=0.999)
         check_float("init_scale", init_scale, 0.0, strict=True)
-        if kind == "diag_lowrank_psd" and rank > d_model:
-            raise ValueError(f"preconditioner_rank={rank} must be <= d_model={d_model} for 'diag_lowrank_psd'")
+        if kind != "diag" and rank >= d_model:
+            raise ValueError(f"preconditioner_rank={rank} must be < d_model={d_model}: the low-rank part is "
+                             "meant to be lightweight (a rank >= d costs more than a full d×d matrix)")
         self.d_model, self.kind, self.rank = d_model, kind, rank
         self.init_std, self.psd_init, self.init_scale = init_std, psd_init, float(init_scale)
         self.p = nn.Parameter(torch.empty(d_model))

@@ -70,8 +70,9 @@ class CausalLM(nn.Module):
         """
         if not isinstance(idx, torch.Tensor):
             raise ValueError(f"idx must be a torch.Tensor of token ids, got {type(idx).__name__}")
-        if idx.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
-            raise ValueError(f"idx must hold integer token ids (torch.long), got dtype {idx.dtype}")
+        if idx.dtype not in (torch.int64, torch.int32):  # what nn.Embedding accepts
+            raise ValueError(f"idx must hold integer token ids of dtype torch.long (or torch.int32), "
+                             f"got dtype {idx.dtype}")
         if idx.dim() != 2:
             raise ValueError(f"idx must have shape (B, N), got shape {tuple(idx.shape)}")
         n = idx.shape[1]
@@ -88,9 +89,17 @@ class CausalLM(nn.Module):
                 raise ValueError(
                     f"token id {bad} is out of range; expected ids in [0, {self.config.vocab_size})")
         if targets is not None:
+            if not isinstance(targets, torch.Tensor) or targets.dtype != torch.int64:
+                got = targets.dtype if isinstance(targets, torch.Tensor) else type(targets).__name__
+                raise ValueError(f"targets must be a torch.long tensor of token ids, got {got}")
             if targets.shape != idx.shape:
                 raise ValueError(
                     f"targets shape {tuple(targets.shape)} must equal idx shape {tuple(idx.shape)}")
+            lo, hi = int(targets.min()), int(targets.max())
+            if lo < -1 or hi >= self.config.vocab_size:
+                bad = lo if lo < -1 else hi
+                raise ValueError(f"target id {bad} is out of range; expected ids in [0, {self.config.vocab_size}) "
+                                 "or -1 (ignored)")
 
     @staticmethod
     def lm_loss(logits: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor | None:
@@ -118,19 +127,25 @@ class CausalLM(nn.Module):
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, generator: torch.Generator | None = None,
-                 **forward_kwargs: Any) -> torch.Tensor:
+                 vocab_limit: int | None = None, **forward_kwargs: Any) -> torch.Tensor:
         """Sample ``max_new_tokens`` tokens after the prompt ``idx`` ``(B, N)``; returns ``(B, N + max_new_tokens)``.
 
         The context is cropped to the last ``block_size`` tokens. ``temperature=0`` is greedy
-        decoding. Extra keyword arguments go to ``forward`` (e.g. ``n_steps`` for NRGPT).
+        decoding. ``vocab_limit=V'`` samples only ids ``< V'`` (a model whose ``vocab_size`` was
+        padded past its tokenizer's). Extra keyword arguments go to ``forward`` (e.g.
+        ``n_steps`` for NRGPT).
 
         Raises:
-            ValueError: negative ``max_new_tokens`` or ``temperature``, ``top_k < 1``, bad ``idx``.
+            ValueError: negative ``max_new_tokens`` or ``temperature``, ``top_k < 1``, bad ``idx``,
+                ``vocab_limit`` outside ``[1, vocab_size]``, non-finite logits (diverged weights).
         """
         check_int("max_new_tokens", max_new_tokens, 0)
         check_float("temperature", temperature, 0.0)
         if top_k is not None:
             check_int("top_k", top_k, 1)
+        if vocab_limit is not None:
+            check_int("vocab_limit", vocab_limit, 1, self.config.vocab_size)
+        self.check_input(idx[:, -self.config.block_size:] if isinstance(idx, torch.Tensor) and idx.dim() == 2 else idx)
         was_training = self.training
         self.eval()
         try:
@@ -138,6 +153,10 @@ class CausalLM(nn.Module):
                 idx_cond = idx[:, -self.config.block_size:]
                 logits, _ = self(idx_cond, **forward_kwargs)
                 logits = logits[:, -1, :].float()
+                if vocab_limit is not None:
+                    logits[:, vocab_limit:] = float("-inf")
+                if not torch.isfinite(logits[:, : vocab_limit or logits.size(-1)]).all():
+                    raise ValueError("the model produced non-finite logits (NaN/Inf): its weights have diverged")
                 if temperature == 0:
                     nxt = logits.argmax(dim=-1, keepdim=True)
                 else:

@@ -41,19 +41,28 @@ def config_from_dict(d: dict[str, Any]) -> ModelConfig:
     return cfg_cls.from_dict(d)
 
 
-def build_model(spec: "ModelConfig | dict[str, Any] | str | Path") -> nn.Module:
+def build_model(spec: "ModelConfig | dict[str, Any] | str | Path", **overrides: Any) -> nn.Module:
     """Build a freshly initialized model from a config, a dict, or a YAML recipe path.
+
+    ``overrides`` replace model config fields, e.g. ``build_model("recipe.yaml", vocab_size=65,
+    n_steps=6)``. A recipe without ``vocab_size`` reads it from its data directory's
+    ``meta.json`` (``data.root`` is relative to the working directory); pass ``vocab_size=``
+    when that data is not prepared there.
 
     Raises:
         ValueError: unknown arch or config keys, invalid values.
-        FileNotFoundError: the recipe path does not exist.
+        FileNotFoundError: the recipe path does not exist, or its data ``meta.json`` is needed
+            (no ``vocab_size`` in the recipe or the overrides) and missing.
     """
     if isinstance(spec, (str, Path)):
         from energyformer.train.config import load_config  # recipes live with the train config
 
-        spec = load_config(spec, resolve_vocab=True).model
+        tokens = [t for k, v in overrides.items() for t in (f"--model.{k}", "null" if v is None else str(v))]
+        return build_model(load_config(spec, tokens, resolve_vocab=True).model)
+    if isinstance(spec, ModelConfig):
+        spec = spec.to_dict()
     if isinstance(spec, dict):
-        spec = config_from_dict(spec)
+        spec = config_from_dict({**spec, **overrides})
     if not isinstance(spec, ModelConfig):
         raise ValueError(f"build_model expects a ModelConfig, dict or recipe path, got {type(spec).__name__}")
     model_cls, _ = get_arch(spec.arch)

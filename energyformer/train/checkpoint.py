@@ -151,6 +151,7 @@ def save_weights(model: nn.Module, path: str | Path, metadata: dict[str, str] | 
     tmp = _tmp_path(path)
     try:
         _write_safetensors(model, tmp, dict(metadata or {}))
+        os.chmod(tmp, 0o666 & ~_umask())  # safetensors re-creates the file as 0600
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -356,12 +356,13 @@ _FALSE = {"false", "no", "off", "0"}
 
 
 def _spells_none(value: Any, str_allowed: bool) -> bool:
-    """``null``/``~`` always mean None; ``none``/``""`` too unless the field also takes strings
-    (where ``"none"`` may be a legitimate choice, e.g. ``norm: none``)."""
+    """``null``/``~``/``none``/``None`` mean None for an optional field (``--model.rope none``:
+    in every option where both exist, ``"none"`` and ``None`` mean the same, e.g. ``norm``);
+    ``""`` too unless the field also takes strings."""
     if not isinstance(value, str):
         return False
     v = value.strip().lower()
-    return v in ("null", "~") or (not str_allowed and v in ("none", ""))
+    return v in ("null", "~", "none") or (not str_allowed and v == "")
 
 
 def coerce(value: Any, tp: Any, name: str) -> Any:

@@ -184,6 +184,11 @@ def train(run_cfg: RunConfig, *, progress: bool | None = None) -> dict[str, Any]
                 bar.set_postfix(loss=f"{train_loss:.4f}", tok_s=f"{tok_s:,.0f}", lr=f"{lr:.2e}")
                 interval_tokens, interval_time = 0, 0.0
             if do_ckpt:
+                # The step just taken can blow the weights up although this step's loss was finite.
+                if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+                    raise TrainingDivergedError(
+                        f"parameters became non-finite at step {step} (lr {lr:.3g}); not saving a checkpoint. "
+                        + _kept_msg(out_dir) + " Try a lower train.learning_rate or train.grad_clip.")
                 ckpt.save_checkpoint(out_dir, model, optimizer, step, best_val, data_gen,
                                      extra={"train_loss": train_loss})
             bar.update(1)
@@ -253,13 +258,16 @@ def resolve_device(device: str) -> torch.device:
     """
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device={device!r} is not a device; expected 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"train.device={device!r} but CUDA is not available; use --train.device cpu")
+        raise ValueError(f"device={device!r} but CUDA is not available; use device 'cpu'")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ValueError(f"train.device={device!r} but only {torch.cuda.device_count()} CUDA device(s) exist")
+        raise ValueError(f"device={device!r} but only {torch.cuda.device_count()} CUDA device(s) exist")
     if dev.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"train.device={device!r} but MPS is not available; use --train.device cpu")
+        raise ValueError(f"device={device!r} but MPS is not available; use device 'cpu'")
     return dev
 
 
@@ -302,10 +310,24 @@ def _mfu(flops_per_token: float, tokens_per_s: float, peak: float | None) -> flo
 
 
 def _resume_dir(tc: TrainConfig, out_dir: Path) -> Path | None:
+    """Where to resume from, or None for a fresh run.
+
+    With ``resume="auto"`` an out_dir that holds checkpoint files but no complete checkpoint
+    (marker missing or unreadable, a listed file gone) is an error rather than a fresh start:
+    a fresh start deletes those files, and they may be the only copy of trained weights.
+    """
     if tc.resume == "never":
         return None
     if tc.resume == "auto":
-        return out_dir if ckpt.find_checkpoint(out_dir) is not None else None
+        if ckpt.find_checkpoint(out_dir) is not None:
+            return out_dir
+        left = [n for n in (ckpt.MARKER_FILE, ckpt.WEIGHTS_FILE, ckpt.STATE_FILE) if (out_dir / n).exists()]
+        if left:
+            raise ValueError(
+                f"train.out_dir={str(out_dir)!r} holds checkpoint files {left} but no complete checkpoint, so "
+                "train.resume='auto' cannot continue from it; use --train.resume never to start over "
+                "(this deletes them) or choose another --train.out_dir")
+        return None
     path = Path(tc.resume)
     if ckpt.find_checkpoint(path) is None:
         raise FileNotFoundError(f"train.resume={tc.resume!r}: no complete checkpoint there (expected "
