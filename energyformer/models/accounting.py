@@ -112,6 +112,7 @@ def parameter_counts(cfg: ModelConfig) -> dict[str, Any]:
     model = _build_meta(cfg)
     out = _totals(model, cfg)
     out["n_layers"] = getattr(cfg, "n_layers", None)
+    out["n_steps"] = getattr(cfg, "n_steps", None)
     if cfg.arch == "cem":
         block = model.blocks[0]
         attn = _cem_sub(block.attn, ("q_proj", "k_proj"))
@@ -143,7 +144,9 @@ def _fmt(n: int | None) -> str:
 def parameter_report(cfg: ModelConfig) -> str:
     """A readable table of :func:`parameter_counts` (CEM next to its Llama baseline; totals for other archs)."""
     c = parameter_counts(cfg)
-    lines = [f"model arch={c['arch']!r}  n_layers={c['n_layers']}"]
+    depth = (f"n_layers={c['n_layers']}" if c["n_layers"] is not None
+             else f"n_steps={c.get('n_steps')} (one shared block)")
+    lines = [f"model arch={c['arch']!r}  {depth}"]
     if c["arch"] == "cem" and c.get("baseline") is not None:
         pl, bl = c["per_layer"], c["baseline"]["per_layer"]
         lines[0] += (f"  vs Llama (d_model={cfg.d_model}, n_heads={cfg.n_heads}, "
