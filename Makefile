@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 RECIPE ?= configs/shakespeare_char/nrgpt.yaml
-RUN_DIR ?= out/nrgpt-shakespeare
+RUN_DIR ?= out/nrgpt
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 

@@ -4,7 +4,10 @@ import json
 import os
 import random
 
+from pathlib import Path
+
 import numpy as np
+
 import pytest
 import torch
 import torch.nn as nn
@@ -21,7 +24,10 @@ META = {"format_version": 1, "tokenizer": "char", "vocab_size": 11, "chars": lis
 def run_cfg(out_dir, **model_kw):
     model = dict(arch="gpt", vocab_size=11, block_size=8, d_model=16, n_layers=2, n_heads=2)
     model.update(model_kw)
-    return load_config({"model": model, "train": {"out_dir": str(out_dir)}})
+    # data.root points into out_dir: no data dir there, so the meta.json fallback of load_run
+    # never finds a real prepared dataset in the working directory
+    return load_config({"model": model, "data": {"root": str(Path(out_dir) / "no-data")},
+                        "train": {"out_dir": str(out_dir)}})
 
 
 def write_checkpoint(out_dir, step=3, **model_kw):

@@ -195,6 +195,8 @@ def train(run_cfg: RunConfig, *, progress: bool | None = None) -> dict[str, Any]
     finally:
         bar.close()
         metrics.close()
+        if device.type != "cuda":
+            torch.set_flush_denormal(False)  # process-wide setting: restore PyTorch's default
 
     if not last_eval:  # nothing trained in this call (already at max_steps): still report losses
         last_eval = evaluate()
