@@ -8,7 +8,8 @@ import pytest
 import torch
 import yaml
 
-from energyformer.models.cem import CEMConfig, CEMLlama, default_d_ff
+from energyformer.models.base import default_d_ff
+from energyformer.models.cem import CEMConfig, CEMLlama
 from energyformer.models.registry import build_model, config_from_dict
 
 V, BLOCK = 19, 12

@@ -30,7 +30,6 @@ from energyformer.data import (
     prepare_dataset,
     prepare_text,
 )
-from energyformer.data import prepare as prep
 from energyformer.data import shakespeare
 from energyformer.data.loader import get_batch_reference
 

@@ -4,7 +4,6 @@ import dataclasses
 import json
 import math
 
-import numpy as np
 import pytest
 from helpers import make_data_dir
 import torch

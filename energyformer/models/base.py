@@ -7,6 +7,7 @@ sampling live here once so that every architecture behaves the same on bad input
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
@@ -14,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from energyformer._validate import check_float, check_int
+from energyformer._validate import check_divides, check_float, check_int
 
 
 @dataclass
@@ -50,6 +51,51 @@ class ModelConfig:
                 f"unknown model config key(s) {unknown} for arch {cls.arch!r}; "
                 f"expected some of {sorted(names)}")
         return cls(**d)
+
+
+def default_d_ff(d_model: int, multiple_of: int = 32) -> int:
+    """Llama's SwiGLU width rule: ``8·d/3`` rounded up to a multiple of ``multiple_of`` (128 → 352)."""
+    return multiple_of * math.ceil(8 * d_model / 3 / multiple_of)
+
+
+@dataclass
+class LlamaShapeConfig(ModelConfig):
+    """Shape fields shared by Llama and CEM-Llama (which is compared against it layer by layer).
+
+    ``head_dim`` defaults to ``d_model // n_heads`` (then ``n_heads`` must divide ``d_model``)
+    and ``d_ff`` to :func:`default_d_ff`; ``resolved_*`` give the values in use.
+    """
+
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    head_dim: int | None = None
+    d_ff: int | None = None
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_int("d_model", self.d_model, 1)
+        check_int("n_layers", self.n_layers, 1)
+        check_int("n_heads", self.n_heads, 1)
+        if self.head_dim is None:
+            check_divides("n_heads", self.n_heads, "d_model", self.d_model)
+        else:
+            check_int("head_dim", self.head_dim, 1)
+        if self.d_ff is not None:
+            check_int("d_ff", self.d_ff, 1)
+        check_float("norm_eps", self.norm_eps, 0.0, strict=True)
+        check_float("init_std", self.init_std, 0.0, strict=True)
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+    @property
+    def resolved_d_ff(self) -> int:
+        return self.d_ff if self.d_ff is not None else default_d_ff(self.d_model)
 
 
 class CausalLM(nn.Module):

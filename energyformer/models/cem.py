@@ -12,42 +12,32 @@ checks it.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 import torch.nn as nn
 
-from energyformer._validate import check_choice, check_divides, check_float, check_int
+from energyformer._validate import check_choice, check_float, check_int
 from energyformer.energies.cem import MLP_TIES
 from energyformer.layers.cem import INTERACTIONS, ROPE_CHOICES, CEMBlock
 from energyformer.layers.norms import RMSNorm
 from energyformer.layers.preconditioner import PRECONDITIONERS
-from energyformer.models.base import CausalLM, ModelConfig
-
-
-def default_d_ff(d_model: int, multiple_of: int = 32) -> int:
-    """Llama's SwiGLU width rule: ``8·d/3`` rounded up to a multiple of ``multiple_of`` (128 → 352)."""
-    return multiple_of * math.ceil(8 * d_model / 3 / multiple_of)
+from energyformer.models.base import CausalLM, LlamaShapeConfig
 
 
 @dataclass
-class CEMConfig(ModelConfig):
+class CEMConfig(LlamaShapeConfig):
     """CEM-Llama hyper-parameters (SPEC §3, defaults from SPEC §6).
 
     ``n_steps`` sets the recursion ``T`` of both sub-blocks; ``attn_n_steps`` / ``mlp_n_steps``
     override it per sub-block when given. ``attn_step_size`` / ``mlp_step_size`` are the initial
     η (None: 1 for T=1, 1/T otherwise; must stay None with a preconditioner, where η ≡ 1).
-    ``head_dim`` defaults to ``d_model // n_heads`` and ``d_ff`` to :func:`default_d_ff`.
+    Shape fields (``d_model``, ``n_layers``, ``n_heads``, ``head_dim``, ``d_ff``, ``norm_eps``,
+    ``tie_embeddings``, ``init_std``) are shared with Llama (:class:`LlamaShapeConfig`).
     """
 
     arch: ClassVar[str] = "cem"
-    d_model: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
-    head_dim: int | None = None
-    d_ff: int | None = None
     n_steps: int = 1
     attn_n_steps: int | None = None
     mlp_n_steps: int | None = None
@@ -62,21 +52,9 @@ class CEMConfig(ModelConfig):
     preconditioner: str | None = None
     preconditioner_rank: int = 8
     grad_through_norm: bool = False
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = False
-    init_std: float = 0.02
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_int("d_model", self.d_model, 1)
-        check_int("n_layers", self.n_layers, 1)
-        check_int("n_heads", self.n_heads, 1)
-        if self.head_dim is None:
-            check_divides("n_heads", self.n_heads, "d_model", self.d_model)
-        else:
-            check_int("head_dim", self.head_dim, 1)
-        if self.d_ff is not None:
-            check_int("d_ff", self.d_ff, 1)
         check_int("n_steps", self.n_steps, 1)
         for name in ("attn_n_steps", "mlp_n_steps"):
             if getattr(self, name) is not None:
@@ -96,16 +74,6 @@ class CEMConfig(ModelConfig):
         check_int("preconditioner_rank", self.preconditioner_rank, 1)
         if self.preconditioner is not None and (self.attn_step_size is not None or self.mlp_step_size is not None):
             raise ValueError("attn_step_size/mlp_step_size must be None with a preconditioner (η ≡ 1, SPEC §3.6)")
-        check_float("norm_eps", self.norm_eps, 0.0, strict=True)
-        check_float("init_std", self.init_std, 0.0, strict=True)
-
-    @property
-    def resolved_head_dim(self) -> int:
-        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
-
-    @property
-    def resolved_d_ff(self) -> int:
-        return self.d_ff if self.d_ff is not None else default_d_ff(self.d_model)
 
     @property
     def resolved_attn_n_steps(self) -> int:

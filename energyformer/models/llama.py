@@ -7,7 +7,7 @@ Parameter names follow Hugging Face's ``LlamaForCausalLM`` (``q_proj``, ``k_proj
 ``o_proj``, ``gate_proj``, ``up_proj``, ``down_proj``, ``input_layernorm``,
 ``post_attention_layernorm``) so weights map one to one; ``tests/test_llama.py`` checks logits
 parity with ``transformers``. ``d_ff`` defaults to the same width rule as CEM
-(:func:`energyformer.models.cem.default_d_ff`) so the two are comparable.
+(:func:`energyformer.models.base.default_d_ff`) so the two are comparable.
 """
 from __future__ import annotations
 
@@ -22,53 +22,25 @@ from energyformer._validate import check_divides, check_float, check_int
 from energyformer.energies.cem import merge_heads, split_heads
 from energyformer.layers.norms import RMSNorm
 from energyformer.layers.rope import RotaryEmbedding, apply_rope
-from energyformer.models.base import CausalLM, ModelConfig
-from energyformer.models.cem import default_d_ff
+from energyformer.models.base import CausalLM, LlamaShapeConfig
 
 
 @dataclass
-class LlamaConfig(ModelConfig):
+class LlamaConfig(LlamaShapeConfig):
     """Llama hyper-parameters. ``n_kv_heads`` (GQA) defaults to ``n_heads``; ``head_dim`` to ``d_model // n_heads``."""
 
     arch: ClassVar[str] = "llama"
-    d_model: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
     n_kv_heads: int | None = None
-    head_dim: int | None = None
-    d_ff: int | None = None
     rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = False
-    init_std: float = 0.02
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_int("d_model", self.d_model, 1)
-        check_int("n_layers", self.n_layers, 1)
-        check_int("n_heads", self.n_heads, 1)
-        if self.head_dim is None:
-            check_divides("n_heads", self.n_heads, "d_model", self.d_model)
-        else:
-            check_int("head_dim", self.head_dim, 1)
         if self.resolved_head_dim % 2:
             raise ValueError(f"head_dim={self.resolved_head_dim} must be even for RoPE")
         if self.n_kv_heads is not None:
             check_int("n_kv_heads", self.n_kv_heads, 1)
             check_divides("n_kv_heads", self.n_kv_heads, "n_heads", self.n_heads)
-        if self.d_ff is not None:
-            check_int("d_ff", self.d_ff, 1)
         check_float("rope_theta", self.rope_theta, 0.0, strict=True)
-        check_float("norm_eps", self.norm_eps, 0.0, strict=True)
-        check_float("init_std", self.init_std, 0.0, strict=True)
-
-    @property
-    def resolved_head_dim(self) -> int:
-        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
-
-    @property
-    def resolved_d_ff(self) -> int:
-        return self.d_ff if self.d_ff is not None else default_d_ff(self.d_model)
 
     @property
     def resolved_n_kv_heads(self) -> int:
