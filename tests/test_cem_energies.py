@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from energyformer.energies.cem import (gated_mlp_context, gated_mlp_energy, gated_mlp_grad, interaction_context,
                                        interaction_energy, interaction_energy_reference, interaction_grad,
                                        interaction_grad_reference, rms_norm_vjp)
-from energyformer.energies.rope import apply_rope, rope_cos_sin, rope_matrices
+from energyformer.energies.heads import apply_rope, rope_cos_sin, rope_matrices
 from energyformer.energies.silu_antiderivative import dilog, dilog_neg_exp, silu_antiderivative
 
 DT = torch.float64

@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from energyformer.energies.cem import (gated_mlp_energy, gated_mlp_grad, interaction_energy, interaction_grad)
-from energyformer.energies.rope import apply_rope, rope_cos_sin
+from energyformer.energies.heads import apply_rope, rope_cos_sin
 from energyformer.layers.cem import CEMAttention, CEMBlock, CEMGatedMLP
-from energyformer.layers.preconditioner import Preconditioner
+from energyformer.layers.step_maps import Preconditioner
+from energyformer.layers.trace import tracing
 
 DT = torch.float64
 ATOL = 1e-10
@@ -44,7 +45,7 @@ def _attn(**kw):
 
 
 def _precond_matrix(layer):
-    return torch.eye(D, dtype=DT) if layer.precond is None else layer.precond.matrix()
+    return torch.eye(D, dtype=DT) if layer.preconditioner is None else layer.preconditioner.matrix()
 
 
 def _attn_autograd_update(layer, x):
@@ -168,21 +169,23 @@ def test_attention_recursion_is_repeated_one_step_map_with_fixed_context(interac
     layer = _perturb(_attn(interaction=interaction, rope=rope, n_steps=3, per_step_scale=True,
                            preconditioner="diag_lowrank", preconditioner_rank=2))
     x = _x(7)
-    trace = []
+    with torch.no_grad(), tracing(layer) as tr:
+        out = layer(x)
+    trace = tr.records
     with torch.no_grad():
-        out = layer(x, trace=trace)
         h_hat = layer.norm(x)  # context from the sub-block input, fixed over the steps
         r = rope_cos_sin(7, DH, dtype=DT) if rope else None
         w_q = None if layer.q_proj is None else layer.q_proj.weight
         w_k = None if layer.k_proj is None else layer.k_proj.weight
         xt = x
         for t in range(3):
-            torch.testing.assert_close(trace[t]["x"], xt, atol=ATOL, rtol=0)
+            torch.testing.assert_close(trace[t].x, xt, atol=ATOL, rtol=0)
             grad = interaction_grad(layer.norm(xt), h_hat, w_q, w_k, H, diag=layer.diag, rope=r, tau=math.sqrt(DH))
-            xt = xt - layer.step_scales[t] * layer.precond(grad)  # η ≡ 1 with P
+            xt = xt - layer.step_scales[t] * layer.preconditioner(grad)  # η ≡ 1 with P
         torch.testing.assert_close(out, xt, atol=ATOL, rtol=0)
-        torch.testing.assert_close(trace[3]["x"], xt, atol=ATOL, rtol=0)
-        assert [e["step"] for e in trace] == [0, 1, 2, 3]
+        torch.testing.assert_close(trace[3].x, xt, atol=ATOL, rtol=0)
+        assert [e.step for e in trace] == [0, 1, 2, 3]
+        assert {e.sub for e in trace} == {"attn"}
 
 
 @pytest.mark.parametrize("tie", ["gate", "up"])
@@ -239,7 +242,8 @@ def test_step_size_init_and_preconditioner_fixes_eta():
 def test_attention_state_dict_has_no_value_or_output_projection():
     layer = _attn(interaction="diag_shared")
     keys = set(layer.state_dict())
-    assert keys == {"q_proj.weight", "k_proj.weight", "diag", "norm.weight", "step_size"}
+    assert keys == {"interaction.q_proj.weight", "interaction.k_proj.weight", "interaction.diag", "norm.weight",
+                    "step_size"}
     assert not any(s in k for k in keys for s in ("v_proj", "o_proj", "value", "out"))
     assert layer.q_proj.weight.shape == (H * DH, D) and layer.k_proj.weight.shape == (H * DH, D)
     mlp = CEMGatedMLP(D, 24)
@@ -280,10 +284,10 @@ def test_raw_attention_energy_decreases_every_step_with_psd_preconditioner(inter
                            preconditioner_rank=3, per_step_scale=True), seed=3)
     with torch.no_grad():
         layer.step_scales.fill_(eta)
-        assert torch.linalg.eigvalsh(layer.precond.matrix()).min() > 0
-        trace = []
-        layer(_x(9), trace=trace)
-    e = torch.stack([t["energy"] for t in trace])  # (T+1, B, N)
+        assert torch.linalg.eigvalsh(layer.preconditioner.matrix()).min() > 0
+        with tracing(layer) as trace:
+            layer(_x(9))
+    e = trace.energy("attn")  # (T+1, B, N)
     assert bool((e[1:] <= e[:-1] + 1e-9).all()), (e[1:] - e[:-1]).max()
     assert bool((e[-1] < e[0] - 1e-6).any())  # it really moves
 
@@ -355,14 +359,18 @@ def test_every_intermediate_state_is_causal(interaction):
     x2 = x.clone()
     x2[:, 5:] = _x(4, seed=7)
     with torch.no_grad():
-        t1, t2 = [], []
-        block(x, trace=t1)
-        block(x2, trace=t2)
+        with tracing(block) as tr1:
+            block(x)
+        with tracing(block) as tr2:
+            block(x2)
+    t1, t2 = tr1.records, tr2.records
     assert len(t1) == 4 + 3
+    assert [r.sub for r in t1] == ["attn"] * 4 + ["mlp"] * 3
     for a, b in zip(t1, t2):
-        torch.testing.assert_close(a["x"][:, :5], b["x"][:, :5], atol=ATOL, rtol=0)
-        torch.testing.assert_close(a["energy"][:, :5], b["energy"][:, :5], atol=ATOL, rtol=0)
-    assert (t1[-1]["x"][:, 5:] - t2[-1]["x"][:, 5:]).abs().max() > 1e-3
+        torch.testing.assert_close(a.x[:, :5], b.x[:, :5], atol=ATOL, rtol=0)
+        for term in a.energies:
+            torch.testing.assert_close(a.energies[term][:, :5], b.energies[term][:, :5], atol=ATOL, rtol=0)
+    assert (t1[-1].x[:, 5:] - t2[-1].x[:, 5:]).abs().max() > 1e-3
 
 
 def test_block_is_attention_then_mlp():
@@ -397,7 +405,7 @@ def test_energy_method_and_llama_mode_has_none():
     (dict(head_dim=5, rope="exact"), "head_dim=5"),
     (dict(interaction="diag_only", rope="exact"), "diag_only"),
     (dict(preconditioner="diag", step_size=0.5), "step_size=0.5 cannot be set"),
-    (dict(preconditioner="full"), "preconditioner='full'"),
+    (dict(preconditioner="lowrank"), "preconditioner='lowrank'"),
     (dict(norm="layernorm"), "norm='layernorm'"),
     (dict(norm=None, grad_through_norm=True), "grad_through_norm"),
 ])

@@ -71,11 +71,11 @@ def test_preconditioner_at_init_equals_no_preconditioner(precond, steps):
     plain = _model(n_steps=steps, interaction="diag_shared")
     with_p = _model(n_steps=steps, interaction="diag_shared", preconditioner=precond, preconditioner_rank=3)
     missing, unexpected = with_p.load_state_dict(plain.state_dict(), strict=False)
-    assert missing and all(".precond." in k for k in missing)
+    assert missing and all(".preconditioner." in k for k in missing)
     assert all(k.endswith("step_size") for k in unexpected)
     with torch.no_grad():  # undo the η we just loaded into the fixed η ≡ 1 buffers
         for m in with_p.modules():
-            if getattr(m, "precond", None) is not None:
+            if getattr(m, "preconditioner", None) is not None:
                 m.step_size.fill_(1.0)
     idx = torch.randint(0, V, (2, BLOCK), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
@@ -87,7 +87,7 @@ def test_zero_diagonal_at_init_equals_tied_model(interaction):
     plain = _model(n_steps=2)
     dlr = _model(n_steps=2, interaction=interaction)
     missing, unexpected = dlr.load_state_dict(plain.state_dict(), strict=False)
-    assert missing == [f"blocks.{i}.attn.diag" for i in range(2)] and not unexpected
+    assert missing == [f"blocks.{i}.attn.interaction.diag" for i in range(2)] and not unexpected
     idx = torch.randint(0, V, (2, BLOCK), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         torch.testing.assert_close(dlr(idx)[0], plain(idx)[0], atol=1e-12, rtol=0)
@@ -122,13 +122,17 @@ def test_training_steps_reduce_the_loss():
 
 def test_trace_reports_every_layer_sub_block_and_step():
     model = _model(attn_n_steps=2, mlp_n_steps=3)
-    trace = []
-    with torch.no_grad():
-        model(torch.randint(0, V, (1, 5)), trace=trace)
-    assert len(trace) == 2 * ((2 + 1) + (3 + 1))
-    assert [(e["layer"], e["sub"], e["step"]) for e in trace[:7]] == (
+    with torch.no_grad(), model.trace() as trace:
+        out = model(torch.randint(0, V, (1, 5)))
+    assert len(out) == 2  # the return arity does not change under tracing
+    records = trace.records
+    assert len(records) == 2 * ((2 + 1) + (3 + 1))
+    assert [(e.layer, e.sub, e.step) for e in records[:7]] == (
         [(0, "attn", t) for t in range(3)] + [(0, "mlp", t) for t in range(4)])
-    assert trace[0]["energy"].shape == (1, 5)
+    assert trace.layers() == [0, 1] and trace.subs(1) == ["attn", "mlp"]
+    assert trace.energy("attn", layer=1).shape == (3, 1, 5) and trace.energy("mlp", layer=0).shape == (4, 1, 5)
+    assert records[0].grad.shape == (1, 5, 16) and records[2].grad is None
+    assert all(m._trace is None for m in model.modules() if hasattr(m, "_trace"))  # tracing is off again
 
 
 def test_tie_embeddings_is_one_parameter():

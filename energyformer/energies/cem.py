@@ -12,9 +12,10 @@ Attention / interaction energy (SPEC §3.2, §3.4), causal ``j ≤ i``, ``τ = s
     s^k_ij = (R_i W^Q_k g_i)·(R_j W^K_k ĥ_j) + Σ_c d_kc g_ic ĥ_jc      (= g_iᵀ A_k(i,j) ĥ_j)
     ∇_g ε_att = − Σ_k [ (W^Q_k)ᵀ R_iᵀ Σ_j a^k_ij R_j W^K_k ĥ_j  +  d_k ⊙ Σ_j a^k_ij ĥ_j ]
 
-``R_p`` is RoPE at position ``p`` (identity without RoPE); ``d_k`` is the D+LR diagonal:
-absent (``diag=None``, plain tied attention), shared by all heads (``diag`` of shape (d,)), or
-per head (``diag`` of shape (H, d)). ``w_q = w_k = None`` keeps only the diagonal term.
+``R_p`` is RoPE at position ``p`` (identity without RoPE); ``d_k`` is the D+LR diagonal, in the
+form named by ``diag_mode``: ``"none"`` (``diag=None``, plain tied attention), ``"shared"`` by all
+heads (``diag`` of shape (d,)), or ``"per_head"`` (``diag`` of shape (H, d)). ``w_q = w_k = None``
+keeps only the diagonal term.
 
 Gated-MLP energy (SPEC §3.3), ``F = ∫SiLU``::
 
@@ -33,33 +34,22 @@ import torch
 import torch.nn.functional as F
 
 from energyformer._validate import check_choice
-from energyformer.energies.rope import apply_rope, rope_matrices
+from energyformer.energies.heads import apply_rope, merge_heads, rope_matrices, split_heads
 from energyformer.energies.silu_antiderivative import silu_antiderivative
 
 ROPE_MODES = ("exact", "llama")
+DIAG_MODES = ("none", "shared", "per_head")
 MLP_TIES = ("gate", "up")
 
 __all__ = [
     "InteractionContext", "interaction_context", "interaction_energy", "interaction_grad",
     "interaction_energy_reference", "interaction_grad_reference",
     "gated_mlp_context", "gated_mlp_energy", "gated_mlp_grad", "rms_norm_vjp",
-    "split_heads", "merge_heads", "ROPE_MODES", "MLP_TIES",
+    "ROPE_MODES", "MLP_TIES", "DIAG_MODES", "diag_mode_of",
 ]
 
 
 # ----------------------------------------------------------------------------- helpers
-
-def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """(B, N, H·d_h) -> (B, H, N, d_h)."""
-    b, n, hd = x.shape
-    return x.view(b, n, n_heads, hd // n_heads).transpose(1, 2)
-
-
-def merge_heads(y: torch.Tensor) -> torch.Tensor:
-    """(B, H, N, d_h) -> (B, N, H·d_h)."""
-    b, h, n, dh = y.shape
-    return y.transpose(1, 2).reshape(b, n, h * dh)
-
 
 def _causal_mask(n: int, device: torch.device) -> torch.Tensor:
     """(N, N) bool, True where key ``j ≤ i`` (allowed)."""
@@ -72,34 +62,52 @@ def _softmax_dtype(dt: torch.dtype) -> torch.dtype:
     return torch.promote_types(dt, torch.float32)
 
 
+def diag_mode_of(diag: torch.Tensor | None) -> str:
+    """The D+LR form a ``diag`` argument holds: ``"none"`` (None), ``"shared"`` (d,) or ``"per_head"`` (H, d).
+
+    Used only when a caller does not say ``diag_mode`` (direct calls of the pure functions); the
+    layers always pass it explicitly (their interaction entry knows its form).
+    """
+    if diag is None:
+        return "none"
+    return "shared" if diag.dim() == 1 else "per_head"
+
+
 def _check_interaction(g: torch.Tensor, h_ctx: torch.Tensor, w_q, w_k, n_heads: int, diag,
-                       tau: float | None, rope) -> tuple[int, float]:
-    """Validate shapes; return ``(head_dim, tau)``. Raises ``ValueError`` on any mismatch."""
+                       tau: float | None, rope, diag_mode: str | None) -> tuple[int, float, str]:
+    """Validate shapes against the declared ``diag_mode``; return ``(head_dim, tau, diag_mode)``.
+
+    Raises:
+        ValueError: any mismatch, naming the argument, its shape and the expected one.
+    """
     if g.dim() != 3 or h_ctx.shape != g.shape:
         raise ValueError(f"g and h_ctx must both be (B, N, d); got {tuple(g.shape)} and {tuple(h_ctx.shape)}")
     d = g.shape[-1]
+    mode = diag_mode_of(diag) if diag_mode is None else check_choice("diag_mode", diag_mode, DIAG_MODES)
+    expected = {"none": None, "shared": (d,), "per_head": (n_heads, d)}[mode]
+    got = None if diag is None else tuple(diag.shape)
+    if got != expected:
+        raise ValueError(f"diag_mode={mode!r} needs diag of shape {expected} (d={d}, n_heads={n_heads}); got {got}")
     if (w_q is None) != (w_k is None):
         raise ValueError("w_q and w_k must both be given (low-rank term) or both be None (diagonal only)")
     if w_q is None:
-        if diag is None or diag.dim() != 2 or diag.shape != (n_heads, d):
-            raise ValueError(f"without w_q/w_k, diag must have shape (n_heads, d)=({n_heads}, {d}); "
-                             f"got {None if diag is None else tuple(diag.shape)}")
+        if mode != "per_head":
+            raise ValueError(f"without w_q/w_k (diagonal only), diag must have shape (n_heads, d)=({n_heads}, {d}) "
+                             f"with diag_mode='per_head'; got {got} with diag_mode={mode!r}")
         if tau is None:
             raise ValueError("tau must be given when there is no low-rank term (w_q=None)")
         if rope is not None:
             raise ValueError("rope acts on the low-rank term; with w_q=None it must be None")
-        return d, float(tau)
+        return d, float(tau), mode
     if w_q.shape != w_k.shape or w_q.dim() != 2 or w_q.shape[1] != d or w_q.shape[0] % n_heads:
         raise ValueError(f"w_q and w_k must both be (n_heads*head_dim, d) with d={d}, n_heads={n_heads}; "
                          f"got {tuple(w_q.shape)} and {tuple(w_k.shape)}")
     head_dim = w_q.shape[0] // n_heads
-    if diag is not None and tuple(diag.shape) not in ((d,), (n_heads, d)):
-        raise ValueError(f"diag must have shape (d,)=({d},) or (n_heads, d)=({n_heads}, {d}); got {tuple(diag.shape)}")
     if rope is not None:
         cos, sin = rope
         if cos.shape != (g.shape[1], head_dim) or sin.shape != cos.shape:
             raise ValueError(f"rope (cos, sin) must be (N, head_dim)=({g.shape[1]}, {head_dim}); got {tuple(cos.shape)}")
-    return head_dim, (math.sqrt(head_dim) if tau is None else float(tau))
+    return head_dim, (math.sqrt(head_dim) if tau is None else float(tau)), mode
 
 
 # ----------------------------------------------------------------------------- attention: fast path
@@ -141,7 +149,8 @@ def interaction_context(h_ctx: torch.Tensor, w_k: torch.Tensor | None, n_heads: 
 def interaction_grad(g: torch.Tensor, h_ctx: torch.Tensor, w_q: torch.Tensor | None,
                      w_k: torch.Tensor | None, n_heads: int, *, diag: torch.Tensor | None = None,
                      rope: tuple[torch.Tensor, torch.Tensor] | None = None, rope_mode: str = "exact",
-                     tau: float | None = None, context: InteractionContext | None = None) -> torch.Tensor:
+                     tau: float | None = None, context: InteractionContext | None = None,
+                     diag_mode: str | None = None) -> torch.Tensor:
     """Analytic ``∇_g ε_att`` (B, N, d) (SPEC §3.2 gradient, §3.4 D+LR, §3.2 RoPE).
 
     Fast paths: no diagonal → ``SDPA(q, k, v, is_causal=True, scale=1/τ)`` then ``@ W_Q``;
@@ -160,11 +169,13 @@ def interaction_grad(g: torch.Tensor, h_ctx: torch.Tensor, w_q: torch.Tensor | N
         diag: None, (d,) shared, or (H, d) per head. rope: (cos, sin), each (N, d_h), or None.
         tau: temperature, default ``sqrt(d_h)`` (required when ``w_q`` is None).
         context: precomputed :func:`interaction_context` of ``h_ctx`` (then ``w_k`` is only checked).
+        diag_mode: ``"none"``, ``"shared"`` or ``"per_head"``: the D+LR form ``diag`` holds (checked
+            against its shape); ``None`` reads it from the shape (:func:`diag_mode_of`).
 
     Raises:
-        ValueError: inconsistent shapes, unknown ``rope_mode``, missing ``tau``.
+        ValueError: inconsistent shapes, unknown ``rope_mode``/``diag_mode``, missing ``tau``.
     """
-    head_dim, tau = _check_interaction(g, h_ctx, w_q, w_k, n_heads, diag, tau, rope)
+    head_dim, tau, diag_mode = _check_interaction(g, h_ctx, w_q, w_k, n_heads, diag, tau, rope, diag_mode)
     ctx = context if context is not None else interaction_context(h_ctx, w_k, n_heads, rope=rope,
                                                                   rope_mode=rope_mode)
     h = ctx.h
@@ -181,9 +192,9 @@ def interaction_grad(g: torch.Tensor, h_ctx: torch.Tensor, w_q: torch.Tensor | N
     if ctx.rope is not None:
         q = apply_rope(q, *ctx.rope)
     diag_term = None
-    if diag is None:
+    if diag_mode == "none":
         y = F.scaled_dot_product_attention(q, ctx.k, ctx.v, is_causal=True, scale=scale)
-    elif diag.dim() == 1:
+    elif diag_mode == "shared":
         # Shared diagonal: its score is head-independent, and its update is linear in the
         # weights, so Σ_k d ⊙ Σ_j a^k_ij ĥ_j = d ⊙ Σ_j (Σ_k a^k_ij) ĥ_j.
         s = q @ ctx.k.transpose(-1, -2) + ((g * diag) @ h.transpose(-1, -2))[:, None]
@@ -192,7 +203,7 @@ def interaction_grad(g: torch.Tensor, h_ctx: torch.Tensor, w_q: torch.Tensor | N
         a = torch.softmax(s, dim=-1).to(q.dtype)  # (B, H, N, N)
         y = a @ ctx.v
         diag_term = (-diag) * (a.sum(1) @ h)
-    else:
+    else:  # per_head
         hk = h[:, None].expand(b, n_heads, n, d)
         qa = torch.cat((q, diag[None, :, None, :] * g[:, None]), dim=-1)
         ka = torch.cat((ctx.k, hk), dim=-1)
@@ -208,7 +219,7 @@ def interaction_grad(g: torch.Tensor, h_ctx: torch.Tensor, w_q: torch.Tensor | N
     return grad
 
 
-def _scores(g, h_ctx, w_q, w_k, n_heads, diag, rope) -> torch.Tensor:
+def _scores(g, h_ctx, w_q, w_k, n_heads, diag, rope, diag_mode) -> torch.Tensor:
     """Raw scores ``s^k_ij = g_iᵀ A_k(i, j) ĥ_j`` (B, H, N, N) via projections (energy evaluation)."""
     if w_q is None:
         return torch.einsum("bic,hc,bjc->bhij", g, diag, h_ctx)
@@ -216,9 +227,9 @@ def _scores(g, h_ctx, w_q, w_k, n_heads, diag, rope) -> torch.Tensor:
     if rope is not None:
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     s = q @ k.transpose(-1, -2)
-    if diag is not None and diag.dim() == 1:
+    if diag_mode == "shared":
         s = s + ((g * diag) @ h_ctx.transpose(-1, -2))[:, None]
-    elif diag is not None:
+    elif diag_mode == "per_head":
         s = s + torch.einsum("bic,hc,bjc->bhij", g, diag, h_ctx)
     return s
 
@@ -226,7 +237,7 @@ def _scores(g, h_ctx, w_q, w_k, n_heads, diag, rope) -> torch.Tensor:
 def interaction_energy(g: torch.Tensor, h_ctx: torch.Tensor, w_q: torch.Tensor | None,
                        w_k: torch.Tensor | None, n_heads: int, *, diag: torch.Tensor | None = None,
                        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-                       tau: float | None = None) -> torch.Tensor:
+                       tau: float | None = None, diag_mode: str | None = None) -> torch.Tensor:
     """Per-token ``ε_att`` (B, N) = ``− Σ_k τ · lse_{j≤i}(s^k_ij / τ)`` (SPEC §3.2, §3.4).
 
     Same arguments as :func:`interaction_grad`. With RoPE this is the rotated energy (the one
@@ -235,8 +246,8 @@ def interaction_energy(g: torch.Tensor, h_ctx: torch.Tensor, w_q: torch.Tensor |
     Raises:
         ValueError: inconsistent shapes, missing ``tau`` for diagonal-only.
     """
-    _, tau = _check_interaction(g, h_ctx, w_q, w_k, n_heads, diag, tau, rope)
-    s = _scores(g, h_ctx, w_q, w_k, n_heads, diag, rope)
+    _, tau, diag_mode = _check_interaction(g, h_ctx, w_q, w_k, n_heads, diag, tau, rope, diag_mode)
+    s = _scores(g, h_ctx, w_q, w_k, n_heads, diag, rope, diag_mode)
     s = s.to(_softmax_dtype(s.dtype)) / tau
     s = s.masked_fill(~_causal_mask(g.shape[1], g.device), float("-inf"))
     return (-tau * torch.logsumexp(s, dim=-1).sum(1)).to(g.dtype)
@@ -267,9 +278,10 @@ def _interaction_matrices(w_q, w_k, n_heads, diag, rope, n, d, dtype, device):
     return a, v_llama
 
 
-def interaction_energy_reference(g, h_ctx, w_q, w_k, n_heads, *, diag=None, rope=None, tau=None) -> torch.Tensor:
+def interaction_energy_reference(g, h_ctx, w_q, w_k, n_heads, *, diag=None, rope=None, tau=None,
+                                 diag_mode=None) -> torch.Tensor:
     """Plain reference of :func:`interaction_energy`: explicit ``g_iᵀ A_k(i, j) ĥ_j`` (O(H N² d²); tests only)."""
-    _, tau = _check_interaction(g, h_ctx, w_q, w_k, n_heads, diag, tau, rope)
+    _, tau, _ = _check_interaction(g, h_ctx, w_q, w_k, n_heads, diag, tau, rope, diag_mode)
     b, n, d = g.shape
     a, _ = _interaction_matrices(w_q, w_k, n_heads, diag, rope, n, d, g.dtype, g.device)
     s = torch.einsum("bia,hijac,bjc->bhij", g, a, h_ctx) / tau
@@ -280,14 +292,14 @@ def interaction_energy_reference(g, h_ctx, w_q, w_k, n_heads, *, diag=None, rope
 
 
 def interaction_grad_reference(g, h_ctx, w_q, w_k, n_heads, *, diag=None, rope=None, rope_mode="exact",
-                               tau=None) -> torch.Tensor:
+                               tau=None, diag_mode=None) -> torch.Tensor:
     """Plain reference of :func:`interaction_grad`: ``− Σ_k Σ_{j≤i} a^k_ij V_k(i, j) ĥ_j`` (tests only).
 
     ``V_k(i, j) = A_k(i, j)`` in exact mode; in llama mode ``V_k = W^Q_kᵀ W^K_k + diag(d_k)``
     (un-rotated values, no un-rotation) while the weights ``a`` still use the rotated scores.
     """
     check_choice("rope_mode", rope_mode, ROPE_MODES)
-    _, tau = _check_interaction(g, h_ctx, w_q, w_k, n_heads, diag, tau, rope)
+    _, tau, _ = _check_interaction(g, h_ctx, w_q, w_k, n_heads, diag, tau, rope, diag_mode)
     b, n, d = g.shape
     a_mat, v_llama = _interaction_matrices(w_q, w_k, n_heads, diag, rope, n, d, g.dtype, g.device)
     v_mat = a_mat if (rope is None or rope_mode == "exact") else v_llama

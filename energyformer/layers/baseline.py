@@ -1,8 +1,13 @@
-"""Standard (non-energy) Transformer pieces for the GPT baselines (SPEC §2.3).
+"""Standard (non-energy) Transformer layers of the baselines (docs/baselines.md §3).
 
-``CausalSelfAttention``: nanoGPT-style fused qkv (no bias), output projection with bias.
-``MLP``: ``Linear(d, d_ff) → act → Linear(d_ff, d)`` with biases; ``act`` is ``"relu"`` (the
-NRGPT reference code) or ``"gelu"`` (GPT-2).
+GPT (nanoGPT-style): ``CausalSelfAttention`` (fused qkv, no bias; output projection with bias),
+``MLP`` (``Linear(d, d_ff) → act → Linear(d_ff, d)`` with biases; ``act`` is ``"relu"``, the NRGPT
+reference code, or ``"gelu"``, GPT-2) and the pre-norm ``GPTBlock`` (sequential or parallel).
+
+Llama: ``LlamaAttention`` (RoPE, optional GQA, no biases), ``LlamaMLP`` (SwiGLU) and the
+pre-norm ``LlamaBlock`` (RMSNorm). Parameter names follow Hugging Face's ``LlamaForCausalLM``
+(``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, ``gate_proj``, ``up_proj``, ``down_proj``,
+``input_layernorm``, ``post_attention_layernorm``) so weights map one to one.
 """
 from __future__ import annotations
 
@@ -11,6 +16,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from energyformer._validate import check_choice, check_divides, check_float, check_int
+from energyformer.energies.heads import apply_rope, merge_heads, split_heads
+from energyformer.layers.norms import RMSNorm
+from energyformer.layers.rope import RotaryEmbedding
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
 
@@ -35,13 +43,10 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, N, d = x.shape
-        q, k, v = self.qkv_proj(x).split(d, dim=2)
-        q, k, v = (t.view(B, N, self.n_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        q, k, v = (split_heads(t, self.n_heads) for t in self.qkv_proj(x).split(x.shape[-1], dim=2))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                            dropout_p=self.dropout if self.training else 0.0)
-        y = y.transpose(1, 2).reshape(B, N, d)
-        return self.resid_dropout(self.o_proj(y))
+        return self.resid_dropout(self.o_proj(merge_heads(y)))
 
 
 class MLP(nn.Module):
@@ -61,7 +66,7 @@ class MLP(nn.Module):
 
 
 class GPTBlock(nn.Module):
-    """Pre-norm GPT block (SPEC §2.3).
+    """Pre-norm GPT block ``(B, N, d) -> (B, N, d)`` (docs/baselines.md §3).
 
     ``parallel=False``: ``x ← x + Attn(LN₁x); x ← x + MLP(LN₂x)`` (GPT / GPT_Rec).
     ``parallel=True``: ``x ← x + Attn(LN₁x) + MLP(LN₂x)`` (GPT-J style; GPT_Rec_parallel).
@@ -81,3 +86,62 @@ class GPTBlock(nn.Module):
             return x + self.attn(self.ln_1(x)) + self.mlp(self.ln_2(x))
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
+
+
+class LlamaAttention(nn.Module):
+    """Causal multi-head attention with RoPE and optional GQA, ``(B, N, d) -> (B, N, d)``.
+
+    Raises:
+        ValueError: ``n_kv_heads`` not dividing ``n_heads``, odd ``head_dim``.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int, rope_theta: float = 10000.0):
+        super().__init__()
+        check_divides("n_kv_heads", n_kv_heads, "n_heads", n_heads)
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=False)
+        self.rotary = RotaryEmbedding(head_dim, rope_theta)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cos, sin = self.rotary(x.shape[1], device=x.device, dtype=x.dtype)
+        q = apply_rope(split_heads(self.q_proj(x), self.n_heads), cos, sin)
+        k = apply_rope(split_heads(self.k_proj(x), self.n_kv_heads), cos, sin)
+        v = split_heads(self.v_proj(x), self.n_kv_heads)
+        if self.n_kv_heads != self.n_heads:  # GQA: each key/value head serves n_heads // n_kv_heads query heads
+            rep = self.n_heads // self.n_kv_heads
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(merge_heads(y))
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU ``W_down(SiLU(W_gate x) ⊙ W_up x)``, ``(B, N, d) -> (B, N, d)``."""
+
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        check_int("d_ff", d_ff, 1)
+        self.gate_proj = nn.Linear(d_model, d_ff, bias=False)
+        self.up_proj = nn.Linear(d_model, d_ff, bias=False)
+        self.down_proj = nn.Linear(d_ff, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaBlock(nn.Module):
+    """Pre-norm Llama block ``(B, N, d) -> (B, N, d)`` (docs/baselines.md §3)."""
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int, d_ff: int,
+                 rope_theta: float = 10000.0, norm_eps: float = 1e-5):
+        super().__init__()
+        self.input_layernorm = RMSNorm(d_model, eps=norm_eps)
+        self.self_attn = LlamaAttention(d_model, n_heads, n_kv_heads, head_dim, rope_theta)
+        self.post_attention_layernorm = RMSNorm(d_model, eps=norm_eps)
+        self.mlp = LlamaMLP(d_model, d_ff)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))

@@ -1,4 +1,4 @@
-"""Normalization layers used by every model (SPEC §1 notation, §3.7, §4.4).
+"""Normalization layers used by every model and their registry (docs/cem.md §7, docs/nrgpt.md §4).
 
 ``LayerNorm(x) = γ ⊙ (x − μ)/sqrt(var + ε) + δ`` and ``RMSNorm(x) = γ ⊙ x / sqrt(mean(x²) + ε)``.
 ``freeze_weight=True`` keeps γ at 1 as a non-trainable Parameter (NRGPT's ``BareLN``, SPEC §4.4).
@@ -10,7 +10,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from energyformer._validate import check_choice, check_float, check_int
+from energyformer._validate import check_float, check_int
+from energyformer.utils.registry import Registry
 
 
 class LayerNorm(nn.Module):
@@ -54,12 +55,44 @@ class RMSNorm(nn.Module):
         return (self.weight.to(xf.dtype) * y).to(dt)
 
 
-NORMS = ("layernorm", "rmsnorm", "layernorm_frozen")
+NORMS: Registry = Registry("norm")
+"""Norm registry: name -> ``factory(d_model, eps) -> nn.Module | None`` (``"none"``: no norm, ``g = x``)."""
 
 
-def make_norm(kind: str, d_model: int, eps: float = 1e-5, bias: bool = True) -> nn.Module:
-    """Factory: ``"layernorm"``, ``"rmsnorm"`` or ``"layernorm_frozen"`` (γ ≡ 1, learnable δ)."""
-    check_choice("norm", kind, NORMS)
-    if kind == "rmsnorm":
-        return RMSNorm(d_model, eps=eps)
-    return LayerNorm(d_model, bias=bias, eps=eps, freeze_weight=(kind == "layernorm_frozen"))
+@NORMS.register("layernorm")
+def _layernorm(d_model: int, eps: float = 1e-5) -> nn.Module:
+    return LayerNorm(d_model, eps=eps)
+
+
+@NORMS.register("rmsnorm")
+def _rmsnorm(d_model: int, eps: float = 1e-5) -> nn.Module:
+    return RMSNorm(d_model, eps=eps)
+
+
+@NORMS.register("layernorm_frozen")
+def _layernorm_frozen(d_model: int, eps: float = 1e-5) -> nn.Module:
+    """LayerNorm with γ ≡ 1 (frozen) and a learnable shift: the NRGPT reference code's ``BareLN``."""
+    return LayerNorm(d_model, eps=eps, freeze_weight=True)
+
+
+@NORMS.register("none")
+def _no_norm(d_model: int, eps: float = 1e-5) -> None:
+    return None
+
+
+def canonical_norm(kind: str | None) -> str:
+    """The registry name of a norm option: ``None`` is spelled ``"none"``.
+
+    Raises:
+        ValueError: unknown norm (the message lists the registered ones).
+    """
+    return NORMS.check("none" if kind is None else kind)
+
+
+def make_norm(kind: str | None, d_model: int, eps: float = 1e-5) -> nn.Module | None:
+    """Build the norm registered as ``kind`` (``None`` or ``"none"``: no norm, returns ``None``).
+
+    Raises:
+        ValueError: unknown ``kind``, ``d_model < 1`` or ``eps <= 0``.
+    """
+    return NORMS.get(canonical_norm(kind))(d_model, eps=eps)

@@ -1,6 +1,6 @@
 """Rotary position embedding layer (SPEC §2.3 Llama baseline, §3.2 CEM RoPE modes).
 
-The math is in :mod:`energyformer.energies.rope` (re-exported here). :class:`RotaryEmbedding`
+The math is in :mod:`energyformer.energies.heads` (re-exported here). :class:`RotaryEmbedding`
 holds ``head_dim`` and ``theta`` and returns ``(cos, sin)`` tables of shape ``(N, head_dim)``
 for positions ``0 … N−1``; it has no parameters or buffers (the tables are cheap to rebuild
 and this keeps ``state_dict`` free of derived tensors).
@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 from energyformer._validate import check_float, check_int
-from energyformer.energies.rope import apply_rope, rope_cos_sin, rope_matrices, rotate_half
+from energyformer.energies.heads import apply_rope, rope_cos_sin, rope_matrices, rotate_half
 
 __all__ = ["RotaryEmbedding", "apply_rope", "rope_cos_sin", "rope_matrices", "rotate_half"]
 

@@ -1,12 +1,13 @@
-"""Parameter accounting: CEM vs the matching Llama baseline (SPEC §3.8, §7.10).
+"""Parameter accounting: CEM vs the matching Llama baseline (docs/cem.md §8).
 
 Models are built on the ``meta`` device (no memory, no init cost) and counted from their
 actual parameters (shared tensors once), so the numbers are what training would use.
 
-For ``arch="cem"`` the per-layer counts are split into attention projections (``q_proj``,
-``k_proj``), the D+LR diagonal, the preconditioner, step sizes and the norm, and the MLP
-projections (``gate_proj``, ``up_proj``) likewise, next to a Llama with the same ``d_model``,
-``n_layers``, ``n_heads``, ``head_dim``, ``d_ff``, vocabulary and embedding tie. SPEC §3.8::
+For ``arch="cem"`` the per-layer counts are split into the groups each sub-block reports through
+its ``param_groups()`` (each option entry names its own parameters' groups): projections, the
+D+LR diagonal, the preconditioner, step sizes and the norm, next to a Llama with the same
+``d_model``, ``n_layers``, ``n_heads``, ``head_dim``, ``d_ff``, vocabulary and embedding tie
+(docs/cem.md §8)::
 
     Llama = 4 d·H d_h + 3 d d_ff + 2d
     CEM   = 2 d·H d_h + 2 d d_ff + 2d + [D+LR: H d or d] + [P: 2·(d + 2 d r)] + [η: 2]
@@ -42,38 +43,21 @@ def _count(params) -> int:
     return n
 
 
-def _named(module: nn.Module | None, *names: str) -> int:
-    """Parameters of the listed sub-modules / parameters of ``module`` (missing ones count 0)."""
-    if module is None:
-        return 0
-    params = []
-    for name in names:
-        obj = getattr(module, name, None)
-        if isinstance(obj, nn.Parameter):
-            params.append(obj)
-        elif isinstance(obj, nn.Module):
-            params.extend(obj.parameters())
-    return _count(params)
-
-
-def _cem_sub(sub: nn.Module, proj: tuple[str, ...]) -> dict[str, int]:
-    d = {
-        "projections": _named(sub, *proj),
-        "diag": _named(sub, "diag"),
-        "preconditioner": _named(sub, "precond"),
-        "step_size": _named(sub, "step_size", "step_scales"),
-        "norm": _named(sub, "norm"),
-    }
+def _groups(sub: nn.Module, names: tuple[str, ...]) -> dict[str, int]:
+    """Counts per accounting group of a sub-block that reports ``param_groups()`` (0 for absent groups)."""
+    groups = sub.param_groups()
+    d = {name: _count(groups.get(name, [])) for name in names}
     d["total"] = _count(sub.parameters())
     return d
 
 
+_CEM_GROUPS = ("projections", "diag", "preconditioner", "step_size", "norm")
+
+
 def _llama_layer(layer: nn.Module) -> dict[str, dict[str, int]]:
-    attn = {"projections": _named(layer.self_attn, "q_proj", "k_proj", "v_proj", "o_proj"),
-            "norm": _named(layer, "input_layernorm")}
+    attn = {"projections": _count(layer.self_attn.parameters()), "norm": _count(layer.input_layernorm.parameters())}
     attn["total"] = attn["projections"] + attn["norm"]
-    mlp = {"projections": _named(layer.mlp, "gate_proj", "up_proj", "down_proj"),
-           "norm": _named(layer, "post_attention_layernorm")}
+    mlp = {"projections": _count(layer.mlp.parameters()), "norm": _count(layer.post_attention_layernorm.parameters())}
     mlp["total"] = mlp["projections"] + mlp["norm"]
     return {"attn": attn, "mlp": mlp, "total": _count(layer.parameters())}
 
@@ -115,8 +99,8 @@ def parameter_counts(cfg: ModelConfig) -> dict[str, Any]:
     out["n_steps"] = getattr(cfg, "n_steps", None)
     if cfg.arch == "cem":
         block = model.blocks[0]
-        attn = _cem_sub(block.attn, ("q_proj", "k_proj"))
-        mlp = _cem_sub(block.mlp, ("gate_proj", "up_proj"))
+        attn = _groups(block.attn, _CEM_GROUPS)
+        mlp = _groups(block.mlp, _CEM_GROUPS)
         out["per_layer"] = {"attn": attn, "mlp": mlp, "total": _count(block.parameters())}
         base_cfg = _llama_baseline_config(cfg)
         if base_cfg is None:

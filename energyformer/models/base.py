@@ -7,7 +7,9 @@ sampling live here once so that every architecture behaves the same on bad input
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import warnings
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
@@ -15,7 +17,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from energyformer._validate import check_divides, check_float, check_int
+from energyformer._validate import check_choice, check_divides, check_float, check_int
+from energyformer.layers.step_maps import StepMap
+from energyformer.layers.trace import Trace, tracing
 
 
 @dataclass
@@ -26,6 +30,8 @@ class ModelConfig:
     """
 
     arch: ClassVar[str] = ""
+    #: old key -> new key, for recipes written before a rename; see :meth:`upgrade_dict`.
+    renamed_keys: ClassVar[dict[str, str]] = {}
     vocab_size: int = 65
     block_size: int = 256
 
@@ -38,9 +44,29 @@ class ModelConfig:
         return {"arch": self.arch, **asdict(self)}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
-        """Build from a dict, raising ``ValueError`` for keys the config does not have."""
+    def upgrade_dict(cls, d: dict[str, Any]) -> dict[str, Any]:
+        """A copy of ``d`` with renamed keys (:attr:`renamed_keys`) under their new names.
+
+        Each old key found emits a ``FutureWarning`` naming both spellings.
+
+        Raises:
+            ValueError: ``d`` holds both the old and the new spelling of one key.
+        """
         d = dict(d)
+        for old, new in cls.renamed_keys.items():
+            if old in d:
+                if new in d:
+                    raise ValueError(f"model.{old} and model.{new} are the same option (model.{old} is its "
+                                     f"old name); give only model.{new}")
+                warnings.warn(f"model.{old} is deprecated for arch {cls.arch!r}; use model.{new} "
+                              f"(same values)", FutureWarning, stacklevel=2)
+                d[new] = d.pop(old)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+        """Build from a dict (old key spellings upgraded), raising ``ValueError`` for unknown keys."""
+        d = cls.upgrade_dict(d)
         arch = d.pop("arch", cls.arch)
         if arch != cls.arch:
             raise ValueError(f"model.arch={arch!r} does not match {cls.__name__} (arch {cls.arch!r})")
@@ -51,6 +77,50 @@ class ModelConfig:
                 f"unknown model config key(s) {unknown} for arch {cls.arch!r}; "
                 f"expected some of {sorted(names)}")
         return cls(**d)
+
+
+def init_weights(model: nn.Module, std: float = 0.02) -> None:
+    """Every ``nn.Linear`` / ``nn.Embedding`` weight ``N(0, std²)`` and every Linear bias 0.
+
+    Step maps (:mod:`energyformer.layers.step_maps`) keep their own init (e.g. ``P = s·I``): their
+    sub-modules are skipped and their ``reset_parameters`` is called instead.
+    """
+    maps = [m for m in model.modules() if isinstance(m, StepMap)]
+    inside = {id(sub) for m in maps for sub in m.modules()}
+    for m in model.modules():
+        if id(m) in inside or not isinstance(m, (nn.Linear, nn.Embedding)):
+            continue
+        nn.init.normal_(m.weight, mean=0.0, std=std)
+        if getattr(m, "bias", None) is not None:
+            nn.init.zeros_(m.bias)
+    for m in maps:
+        m.reset_parameters()
+
+
+@dataclass
+class GPTShapeConfig(ModelConfig):
+    """Fields shared by GPT and the recurrent GPT baselines. ``d_ff`` defaults to ``4·d_model``;
+    ``activation`` is ``"relu"`` (the NRGPT reference code) or ``"gelu"`` (GPT-2)."""
+
+    d_model: int = 128
+    n_heads: int = 4
+    d_ff: int | None = None
+    dropout: float = 0.0
+    activation: str = "relu"
+    bias: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_int("d_model", self.d_model, 1)
+        check_int("n_heads", self.n_heads, 1)
+        check_divides("n_heads", self.n_heads, "d_model", self.d_model)
+        if self.d_ff is None:
+            self.d_ff = 4 * self.d_model
+        check_int("d_ff", self.d_ff, 1)
+        check_float("dropout", self.dropout, 0.0, maximum=0.999)
+        check_choice("activation", self.activation, ("relu", "gelu"))
+        if not isinstance(self.bias, bool):
+            raise ValueError(f"bias={self.bias!r} must be true or false")
 
 
 def default_d_ff(d_model: int, multiple_of: int = 32) -> int:
@@ -169,6 +239,17 @@ class CausalLM(nn.Module):
     def embedding_params(self) -> list[nn.Parameter]:
         """Embedding tables excluded from the non-embedding count (override per model)."""
         return []
+
+    def trace(self) -> "contextlib.AbstractContextManager[Trace]":
+        """Record energies during the forward calls inside ``with model.trace() as trace:``.
+
+        The forward's return value does not change; ``trace`` (:class:`~energyformer.layers.trace.Trace`)
+        holds per layer × sub-block × step × term × token energies and the states.
+
+        Raises:
+            ValueError: the model has no energy layers (GPT, Llama, recurrent GPT).
+        """
+        return tracing(self)
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,

@@ -18,17 +18,21 @@ from typing import Any, ClassVar
 import torch
 import torch.nn as nn
 
-from energyformer._validate import check_choice, check_float, check_int
-from energyformer.energies.cem import MLP_TIES
-from energyformer.layers.cem import INTERACTIONS, ROPE_CHOICES, CEMBlock
+from energyformer._validate import check_float, check_int
+from energyformer.layers.cem import CEMBlock
+from energyformer.layers.cem_options import INTERACTIONS, MLP_TIES
 from energyformer.layers.norms import RMSNorm
-from energyformer.layers.preconditioner import PRECONDITIONERS
-from energyformer.models.base import CausalLM, LlamaShapeConfig
+from energyformer.layers.step_maps import STEP_MAPS
+from energyformer.models.base import CausalLM, LlamaShapeConfig, init_weights
 
 
 @dataclass
 class CEMConfig(LlamaShapeConfig):
-    """CEM-Llama hyper-parameters (SPEC §3, defaults from SPEC §6).
+    """CEM-Llama hyper-parameters (docs/cem.md, defaults from docs/choices.md).
+
+    ``interaction``, ``mlp_tie`` and ``preconditioner`` name entries of the registries
+    ``INTERACTIONS``, ``MLP_TIES`` and ``STEP_MAPS`` (:mod:`energyformer.layers.cem_options`,
+    :mod:`energyformer.layers.step_maps`); a registered entry is accepted without any change here.
 
     ``n_steps`` sets the recursion ``T`` of both sub-blocks; ``attn_n_steps`` / ``mlp_n_steps``
     override it per sub-block when given. ``attn_step_size`` / ``mlp_step_size`` are the initial
@@ -62,16 +66,14 @@ class CEMConfig(LlamaShapeConfig):
         for name in ("attn_step_size", "mlp_step_size"):
             if getattr(self, name) is not None:
                 check_float(name, getattr(self, name), 0.0, strict=True)
-        check_choice("interaction", self.interaction, INTERACTIONS)
-        check_choice("rope", self.rope, ROPE_CHOICES)
-        if self.rope is not None and self.resolved_head_dim % 2:
-            raise ValueError(f"head_dim={self.resolved_head_dim} must be even with rope={self.rope!r}")
-        if self.rope is not None and self.interaction == "diag_only":
-            raise ValueError("rope rotates the low-rank term; interaction='diag_only' has none, so set rope=None")
+        INTERACTIONS.get(self.interaction).check_options(d_model=self.d_model, n_heads=self.n_heads,
+                                                         head_dim=self.resolved_head_dim, rope=self.rope)
         check_float("rope_theta", self.rope_theta, 0.0, strict=True)
-        check_choice("mlp_tie", self.mlp_tie, MLP_TIES)
-        check_choice("preconditioner", self.preconditioner, (None,) + PRECONDITIONERS)
+        MLP_TIES.check(self.mlp_tie)
         check_int("preconditioner_rank", self.preconditioner_rank, 1)
+        if self.preconditioner is not None:
+            STEP_MAPS.get(self.preconditioner, "preconditioner").check_options(
+                d_model=self.d_model, rank=self.preconditioner_rank, rank_name="preconditioner_rank")
         if self.preconditioner is not None and (self.attn_step_size is not None or self.mlp_step_size is not None):
             raise ValueError("attn_step_size/mlp_step_size must be None with a preconditioner (η ≡ 1, SPEC §3.6)")
 
@@ -102,32 +104,25 @@ class CEMLlama(CausalLM):
             for _ in range(c.n_layers))
         self.norm = RMSNorm(c.d_model, eps=c.norm_eps)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
-        for m in self.modules():  # N(0, init_std) for every matrix; diag / P / η keep their own init
-            if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, mean=0.0, std=c.init_std)
+        init_weights(self, c.init_std)  # N(0, init_std) for every matrix; diag / P / η keep their own init
         if c.tie_embeddings:
             self.lm_head.weight = self.embed.weight
 
     def embedding_params(self) -> list[nn.Parameter]:
         return [self.embed.weight]
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                trace: list[dict[str, Any]] | None = None):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         """``idx (B, N)`` → ``(logits (B, N, V), loss or None)``.
 
-        ``trace``: optional list; each layer appends its per-step states and energies, with a
-        ``"layer"`` index added (see :meth:`CEMAttention.forward`).
+        Under ``with model.trace() as trace:`` every layer's sub-blocks record their states and
+        energies per step (terms ``"attn"``, ``"mlp"``; see :mod:`energyformer.layers.trace`).
 
         Raises:
             ValueError: bad ids, shape or length (``check_input``).
         """
         self.check_input(idx, targets)
         x = self.embed(idx)
-        for i, block in enumerate(self.blocks):
-            start = len(trace) if trace is not None else 0
-            x = block(x, trace)
-            if trace is not None:
-                for entry in trace[start:]:
-                    entry["layer"] = i
+        for block in self.blocks:
+            x = block(x)
         logits = self.lm_head(self.norm(x))
         return logits, self.lm_loss(logits, targets)

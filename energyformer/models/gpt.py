@@ -1,7 +1,7 @@
-"""GPT baseline, nanoGPT-style (SPEC §2.3): learned positions, pre-norm blocks, LayerNorm.
+"""GPT baseline, nanoGPT-style (docs/baselines.md §3): learned positions, pre-norm blocks, LayerNorm.
 
 Defaults follow the NRGPT reference code's GPT (ReLU MLP, output-projection bias, untied LM
-head with bias) so that parameter counts match SPEC §4.9; ``activation="gelu"`` and
+head with bias) so that parameter counts match docs/nrgpt.md §9; ``activation="gelu"`` and
 ``tie_embeddings=True`` give GPT-2's choices.
 """
 from __future__ import annotations
@@ -13,36 +13,22 @@ from typing import ClassVar
 import torch
 import torch.nn as nn
 
-from energyformer._validate import check_choice, check_divides, check_float, check_int
-from energyformer.layers.baseline import ACTIVATIONS, GPTBlock
-from energyformer.models.base import CausalLM, ModelConfig
+from energyformer._validate import check_int
+from energyformer.layers.baseline import GPTBlock
+from energyformer.models.base import CausalLM, GPTShapeConfig, init_weights
 
 
 @dataclass
-class GPTConfig(ModelConfig):
-    """GPT hyper-parameters. ``d_ff`` defaults to ``4·d_model``."""
+class GPTConfig(GPTShapeConfig):
+    """GPT hyper-parameters: the shared GPT fields (:class:`GPTShapeConfig`) plus depth and the embedding tie."""
 
     arch: ClassVar[str] = "gpt"
-    d_model: int = 128
     n_layers: int = 4
-    n_heads: int = 4
-    d_ff: int | None = None
-    dropout: float = 0.0
-    activation: str = "relu"
-    bias: bool = True
     tie_embeddings: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_int("d_model", self.d_model, 1)
         check_int("n_layers", self.n_layers, 1)
-        check_int("n_heads", self.n_heads, 1)
-        check_divides("n_heads", self.n_heads, "d_model", self.d_model)
-        if self.d_ff is None:
-            self.d_ff = 4 * self.d_model
-        check_int("d_ff", self.d_ff, 1)
-        check_float("dropout", self.dropout, 0.0, maximum=0.999)
-        check_choice("activation", self.activation, ACTIVATIONS)
 
 
 class GPT(CausalLM):
@@ -50,8 +36,7 @@ class GPT(CausalLM):
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.config = config
-        c = config
+        self.config = c = config
         self.wte = nn.Embedding(c.vocab_size, c.d_model)
         self.wpe = nn.Embedding(c.block_size, c.d_model)
         self.drop = nn.Dropout(c.dropout)
@@ -61,7 +46,7 @@ class GPT(CausalLM):
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=c.bias and not c.tie_embeddings)
         if c.tie_embeddings:
             self.lm_head.weight = self.wte.weight
-        self.apply(_init_weights)
+        init_weights(self, 0.02)
         for name, p in self.named_parameters():  # GPT-2 scaled init of residual projections
             if name.endswith(("o_proj.weight", "down_proj.weight")):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layers))
@@ -78,13 +63,3 @@ class GPT(CausalLM):
             x = block(x)
         logits = self.lm_head(self.ln_f(x))
         return logits, self.lm_loss(logits, targets)
-
-
-def _init_weights(module: nn.Module) -> None:
-    """N(0, 0.02) for Linear/Embedding weights, zero biases (nanoGPT / reference code)."""
-    if isinstance(module, nn.Linear):
-        nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.Embedding):
-        nn.init.normal_(module.weight, mean=0.0, std=0.02)

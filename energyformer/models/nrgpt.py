@@ -1,4 +1,4 @@
-"""NRGPT (eNeRgy-GPT) language model (SPEC §4.6): one shared energy block applied ``n_steps`` times.
+"""NRGPT (eNeRgy-GPT) language model (docs/nrgpt.md §6): one shared energy block applied ``n_steps`` times.
 
 ::
 
@@ -8,12 +8,12 @@
 
 Extras beyond the reference code:
 
-* energy monitoring (``return_energies=True``) — per-step, per-term, per-token energies;
+* energy traces (``with model.trace() as trace:``) — per-step, per-term, per-token energies;
 * inference-time scaling (``n_steps=K`` at call time, more or fewer steps than trained) and
   per-token early stopping (``stop_tol``);
 * every option of :class:`energyformer.layers.nrgpt.NRGPTBlock`, and a reference preset
   (:meth:`NRGPTConfig.reference`, or ``preset: reference`` in a YAML recipe) that reproduces
-  the released code's model exactly (SPEC §4.2–§4.6).
+  the released code's model exactly (docs/nrgpt.md §2–§6).
 """
 from __future__ import annotations
 
@@ -24,9 +24,11 @@ import torch
 import torch.nn as nn
 
 from energyformer._validate import check_choice, check_divides, check_float, check_int
-from energyformer.energies.nrgpt import FF_KINDS, MASKS
-from energyformer.layers.norms import LayerNorm
-from energyformer.layers.nrgpt import ATTENTIONS, BLOCK_NORMS, STEP_SIZES, NRGPTBlock
+from energyformer.energies.nrgpt import MASKS
+from energyformer.layers.norms import LayerNorm, canonical_norm
+from energyformer.layers.nrgpt import NRGPTBlock
+from energyformer.layers.nrgpt_options import FF_ENERGIES, NRGPT_ATTENTIONS
+from energyformer.layers.step_maps import STEP_MAPS
 from energyformer.models.base import CausalLM, ModelConfig
 
 PRESETS = (None, "reference", "reference_listops")
@@ -34,7 +36,7 @@ PRESETS = (None, "reference", "reference_listops")
 
 @dataclass
 class NRGPTConfig(ModelConfig):
-    """NRGPT hyper-parameters (SPEC §4, defaults per SPEC §6).
+    """NRGPT hyper-parameters (docs/nrgpt.md, defaults per docs/choices.md).
 
     Fields whose default depends on ``preset`` are resolved in ``__post_init__`` and hold the
     concrete value afterwards (so ``to_dict``/``from_dict`` round-trip):
@@ -43,7 +45,14 @@ class NRGPTConfig(ModelConfig):
     * ``norm``: ``"auto"`` → ``"layernorm"``; ``"layernorm_frozen"`` for the reference presets.
       ``None`` or ``"none"`` means *no* normalization (``g = x``).
     * ``learn_alpha``: ``None`` → ``True``; ``False`` (α ≡ 1) for the reference presets.
-    * ``beta``: ``None`` → 1 (full J) or ``1/sqrt(head_dim)`` (factored).
+    * ``beta``: ``None`` → the attention entry's default: 1 (full J) or ``1/sqrt(head_dim)`` (factored).
+    * ``c_init``: ``None`` → the η map's default scale (0.1; 0 for ``full``, whose init is the
+      reference code's ``N(0, 0.02²)``).
+
+    ``attention``, ``ff``, ``eta_param`` and ``norm`` name entries of the registries
+    ``NRGPT_ATTENTIONS``, ``FF_ENERGIES``, ``STEP_MAPS`` and ``NORMS``; a registered entry is
+    accepted without any change here. ``eta_param`` was called ``step_size`` before 0.2 (still
+    read, with a warning); ``step_size`` now always means the value of a scalar η.
 
     ``preset``: ``None``; ``"reference"`` (the released code on language modelling: full J,
     α = β = 1 fixed, inclusive mask, frozen-γ LayerNorm, η a bias-free linear map); or
@@ -58,6 +67,7 @@ class NRGPTConfig(ModelConfig):
     """
 
     arch: ClassVar[str] = "nrgpt"
+    renamed_keys: ClassVar[dict[str, str]] = {"step_size": "eta_param"}
     d_model: int = 128
     n_heads: int = 4
     n_steps: int = 6
@@ -70,8 +80,9 @@ class NRGPTConfig(ModelConfig):
     learn_alpha: bool | None = None
     mask: str | None = None
     norm: str | None = "auto"
-    step_size: str = "full"
-    c_init: float = 0.1
+    eta_param: str = "full"
+    c_init: float | None = None
+    eta_rank: int = 8
     per_step_scale: bool = False
     preset: str | None = None
 
@@ -83,17 +94,17 @@ class NRGPTConfig(ModelConfig):
         check_int("n_heads", self.n_heads, 1)
         check_divides("n_heads", self.n_heads, "d_model", self.d_model)
         check_int("n_steps", self.n_steps, 1)
-        check_choice("ff", self.ff, FF_KINDS)
+        FF_ENERGIES.check(self.ff)
         if self.d_ff is None:
             self.d_ff = 4 * self.d_model
         check_int("d_ff", self.d_ff, 1)
         check_float("dropout", self.dropout, 0.0, maximum=0.999)
-        check_choice("attention", self.attention, ATTENTIONS)
+        attention_cls = NRGPT_ATTENTIONS.get(self.attention)
         if self.head_dim is None:
             self.head_dim = self.d_model // self.n_heads
         check_int("head_dim", self.head_dim, 1)
         if self.beta is None:
-            self.beta = 1.0 if self.attention == "full" else self.head_dim ** -0.5
+            self.beta = attention_cls.default_beta(self.head_dim)
         self.beta = check_float("beta", self.beta, 0.0, strict=True)
         if self.learn_alpha is None:
             self.learn_alpha = not ref
@@ -104,18 +115,18 @@ class NRGPTConfig(ModelConfig):
         check_choice("mask", self.mask, MASKS)
         if self.norm == "auto":
             self.norm = "layernorm_frozen" if ref else "layernorm"
-        check_choice("norm", self.norm, BLOCK_NORMS + ("auto",))
-        check_choice("step_size", self.step_size, STEP_SIZES)
-        check_float("c_init", self.c_init, 0.0, strict=True)
-        if self.step_size == "c_diag_gamma" and self.norm in (None, "none"):
-            raise ValueError("step_size='c_diag_gamma' needs a norm with a scale γ; with norm=None "
-                             "use step_size='c_identity' or 'psd_plus_skew'")
+        canonical_norm(self.norm)
+        eta_cls = STEP_MAPS.get(self.eta_param, "eta_param")
+        if self.c_init is None:
+            self.c_init = eta_cls.default_scale
+        eta_cls.check_options(d_model=self.d_model, scale=self.c_init, rank=self.eta_rank, rank_name="eta_rank",
+                              has_norm_weight=self.norm not in (None, "none"))
         if not isinstance(self.per_step_scale, bool):
             raise ValueError(f"per_step_scale={self.per_step_scale!r} must be true or false")
 
     @classmethod
     def reference(cls, task: str = "lm", **overrides: Any) -> "NRGPTConfig":
-        """Config reproducing the released NRGPT code (SPEC §4.2–§4.6).
+        """Config reproducing the released NRGPT code (docs/nrgpt.md §2–§6).
 
         ``task="lm"`` (OWT / Shakespeare runs): inclusive mask. ``task="listops"``: strict mask.
         Full ``J`` per head, α = β = 1 fixed, frozen-γ LayerNorm, η a bias-free ``Linear(d, d)``,
@@ -127,12 +138,12 @@ class NRGPTConfig(ModelConfig):
         """
         check_choice("task", task, ("lm", "listops"))
         overrides.setdefault("attention", "full")
-        overrides.setdefault("step_size", "full")
+        overrides.setdefault("eta_param", "full")
         return cls(preset="reference" if task == "lm" else "reference_listops", **overrides)
 
 
 class NRGPT(CausalLM):
-    """NRGPT language model ``idx (B, N) -> logits (B, N, V)`` (SPEC §4.6)."""
+    """NRGPT language model ``idx (B, N) -> logits (B, N, V)`` (docs/nrgpt.md §6)."""
 
     def __init__(self, config: NRGPTConfig):
         super().__init__()
@@ -141,8 +152,8 @@ class NRGPT(CausalLM):
         self.wpe = nn.Embedding(c.block_size, c.d_model)
         self.block = NRGPTBlock(
             c.d_model, c.n_heads, attention=c.attention, head_dim=c.head_dim, beta=c.beta,
-            learn_alpha=c.learn_alpha, mask=c.mask, ff=c.ff, d_ff=c.d_ff, step_size=c.step_size,
-            c_init=c.c_init, norm=c.norm, dropout=c.dropout)
+            learn_alpha=c.learn_alpha, mask=c.mask, ff=c.ff, d_ff=c.d_ff, eta_param=c.eta_param,
+            c_init=c.c_init, eta_rank=c.eta_rank, norm=c.norm, dropout=c.dropout)
         self.step_scales = nn.Parameter(torch.ones(c.n_steps)) if c.per_step_scale else None
         self.ln_f = LayerNorm(c.d_model)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=True)
@@ -166,8 +177,7 @@ class NRGPT(CausalLM):
         return self.wte(idx) + self.wpe(pos)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
-                n_steps: int | None = None, stop_tol: float | None = None,
-                return_energies: bool = False):
+                n_steps: int | None = None, stop_tol: float | None = None):
         """Run the recurrent energy descent and the LM head.
 
         Args:
@@ -180,14 +190,12 @@ class NRGPT(CausalLM):
                 ``|E_A(xᵗ⁺¹) − E_A(xᵗ)| < stop_tol``, where ``E_A = E_AT + s_ff E_FF`` is its
                 total energy. ``E_A`` depends only on positions ≤ A, so the rule is causal.
                 The loop ends early when every token is frozen. ``None`` disables it.
-            return_energies: also return the energy trace (computed under ``no_grad``; nothing
-                is computed when ``False`` and ``stop_tol`` is ``None``).
 
         Returns:
-            ``(logits (B, N, V), loss or None)``, plus, when ``return_energies=True``, a dict
-            with ``"attn"``, ``"ff"``, ``"total"``: ``(S + 1, B, N)`` per-token energies of the
-            states ``x⁰ … x^S`` (``S`` = steps actually run, ``S ≤ T``; ``"ff"`` includes
-            ``s_ff``), and ``"steps"``: ``(B, N)`` int64, the number of updates each token got.
+            ``(logits (B, N, V), loss or None)``. Under ``with model.trace() as trace:`` the trace
+            gets one record per state ``x⁰ … x^S`` (``S`` = steps actually run, ``S ≤ T``) with the
+            terms ``"attn"``, ``"ff"`` (with ``s_ff``) and ``"total"``, and, with ``stop_tol``,
+            ``trace.steps_taken`` ``(B, N)``: the number of updates each token got.
 
         Raises:
             ValueError: bad ``idx``/``targets`` (see ``check_input``), ``n_steps < 1``,
@@ -200,37 +208,38 @@ class NRGPT(CausalLM):
         T = self.config.n_steps if n_steps is None else check_int("n_steps", n_steps, 1)
         if stop_tol is not None:
             stop_tol = check_float("stop_tol", stop_tol, 0.0)
-        track = return_energies or stop_tol is not None
+        sink = self.block._trace
+        track = sink is not None or stop_tol is not None
 
         x = self.embed(idx)
-        trace: list[dict[str, torch.Tensor]] = []
         e_prev = self._energies(x) if track else None
-        if track:
-            trace.append(e_prev)
-        active = torch.ones(idx.shape, dtype=torch.bool, device=idx.device)
-        steps = torch.zeros(idx.shape, dtype=torch.long, device=idx.device)
+        active = steps = None
+        if stop_tol is not None:
+            active = torch.ones(idx.shape, dtype=torch.bool, device=idx.device)
+            steps = torch.zeros(idx.shape, dtype=torch.long, device=idx.device)
+        ran = 0
         for t in range(T):
+            if sink is not None:
+                with torch.no_grad():
+                    sink.record(t, x, e_prev, self.block.force(x))
             x_new = self.block(x, scale=self.step_scale(t))
             if stop_tol is not None:
                 x_new = torch.where(active.unsqueeze(-1), x_new, x)
-            steps += active.long()
-            x = x_new
+                steps += active.long()
+            x, ran = x_new, t + 1
             if track:
                 e = self._energies(x)
-                trace.append(e)
                 if stop_tol is not None:
                     active = active & ~((e["total"] - e_prev["total"]).abs() < stop_tol)
-                    if not bool(active.any()):
-                        break
                 e_prev = e
+                if stop_tol is not None and not bool(active.any()):
+                    break
+        if sink is not None:
+            sink.record(ran, x, e_prev)
+            sink.trace.steps_taken = steps
 
         logits = self.lm_head(self.ln_f(x))
-        loss = self.lm_loss(logits, targets)
-        if not return_energies:
-            return logits, loss
-        energies = {k: torch.stack([e[k] for e in trace]) for k in ("attn", "ff", "total")}
-        energies["steps"] = steps
-        return logits, loss, energies
+        return logits, self.lm_loss(logits, targets)
 
     @torch.no_grad()
     def _energies(self, x: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""Recurrent GPT baselines of the NRGPT paper (SPEC §2.3): one shared GPT block applied ``n_steps`` times.
+"""Recurrent GPT baselines of the NRGPT paper (docs/baselines.md §3): one shared GPT block applied ``n_steps`` times.
 
 * ``parallel=False`` — **GPT_Rec**: the sequential pre-norm block
   ``x ← x + Attn(LN₁x); x ← x + MLP(LN₂x)``.
@@ -17,46 +17,31 @@ from typing import ClassVar
 import torch
 import torch.nn as nn
 
-from energyformer._validate import check_choice, check_divides, check_float, check_int
-from energyformer.layers.baseline import ACTIVATIONS, GPTBlock
-from energyformer.models.base import CausalLM, ModelConfig
+from energyformer._validate import check_int
+from energyformer.layers.baseline import GPTBlock
+from energyformer.models.base import CausalLM, GPTShapeConfig, init_weights
 
 
 @dataclass
-class RecurrentGPTConfig(ModelConfig):
-    """GPT_Rec / GPT_Rec_parallel hyper-parameters.
+class RecurrentGPTConfig(GPTShapeConfig):
+    """GPT_Rec / GPT_Rec_parallel hyper-parameters: the shared GPT fields (:class:`GPTShapeConfig`) plus
 
-    ``n_steps`` is the number of applications of the one shared block (the reference code's
-    ``n_layer``); ``d_ff`` defaults to ``4·d_model``.
+    ``n_steps``, the number of applications of the one shared block (the reference code's
+    ``n_layer``), and ``parallel`` (GPT_Rec_parallel).
 
     Raises:
         ValueError: ``n_steps < 1``, ``n_heads`` not dividing ``d_model``, bad activation, ...
     """
 
     arch: ClassVar[str] = "gpt_rec"
-    d_model: int = 128
-    n_heads: int = 4
     n_steps: int = 6
-    d_ff: int | None = None
-    dropout: float = 0.0
-    activation: str = "relu"
-    bias: bool = True
     parallel: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_int("d_model", self.d_model, 1)
-        check_int("n_heads", self.n_heads, 1)
-        check_divides("n_heads", self.n_heads, "d_model", self.d_model)
         check_int("n_steps", self.n_steps, 1)
-        if self.d_ff is None:
-            self.d_ff = 4 * self.d_model
-        check_int("d_ff", self.d_ff, 1)
-        check_float("dropout", self.dropout, 0.0, maximum=0.999)
-        check_choice("activation", self.activation, ACTIVATIONS)
-        for name in ("bias", "parallel"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}={getattr(self, name)!r} must be true or false")
+        if not isinstance(self.parallel, bool):
+            raise ValueError(f"parallel={self.parallel!r} must be true or false")
 
 
 class RecurrentGPT(CausalLM):
@@ -71,11 +56,7 @@ class RecurrentGPT(CausalLM):
                               bias=c.bias, parallel=c.parallel)
         self.ln_f = nn.LayerNorm(c.d_model, bias=c.bias)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=c.bias)
-        for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, mean=0.0, std=0.02)
-                if getattr(m, "bias", None) is not None:
-                    nn.init.zeros_(m.bias)
+        init_weights(self, 0.02)
 
     def embedding_params(self) -> list[nn.Parameter]:
         return [self.wte.weight, self.wpe.weight]

@@ -1,13 +1,11 @@
 """Architecture names → (config class, model class), imported lazily.
 
-``build_model`` accepts a model config object, a dict with an ``arch`` key, or the path of a
-YAML recipe (its ``model:`` section; ``vocab_size`` is read from the recipe's data ``meta.json``
-when the recipe does not give it).
+``build_model`` accepts a model config object or a dict with an ``arch`` key (YAML recipes are
+read by :mod:`energyformer.runs`; ``energyformer.build_model`` accepts a recipe path too).
 """
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 from typing import Any
 
 import torch.nn as nn
@@ -41,24 +39,14 @@ def config_from_dict(d: dict[str, Any]) -> ModelConfig:
     return cfg_cls.from_dict(d)
 
 
-def build_model(spec: "ModelConfig | dict[str, Any] | str | Path", **overrides: Any) -> nn.Module:
-    """Build a freshly initialized model from a config, a dict, or a YAML recipe path.
+def build_model(spec: "ModelConfig | dict[str, Any]", **overrides: Any) -> nn.Module:
+    """Build a freshly initialized model from a model config or a dict with an ``arch`` key.
 
-    ``overrides`` replace model config fields, e.g. ``build_model("recipe.yaml", vocab_size=65,
-    n_steps=6)``. A recipe without ``vocab_size`` reads it from its data directory's
-    ``meta.json`` (``data.root`` is relative to the working directory); pass ``vocab_size=``
-    when that data is not prepared there.
+    ``overrides`` replace model config fields, e.g. ``build_model(cfg, vocab_size=65, n_steps=6)``.
 
     Raises:
         ValueError: unknown arch or config keys, invalid values.
-        FileNotFoundError: the recipe path does not exist, or its data ``meta.json`` is needed
-            (no ``vocab_size`` in the recipe or the overrides) and missing.
     """
-    if isinstance(spec, (str, Path)):
-        from energyformer.train.config import load_config  # recipes live with the train config
-
-        tokens = [t for k, v in overrides.items() for t in (f"--model.{k}", "null" if v is None else str(v))]
-        return build_model(load_config(spec, tokens, resolve_vocab=True).model)
     if isinstance(spec, ModelConfig):
         spec = spec.to_dict()
     if isinstance(spec, dict):

@@ -1,19 +1,36 @@
-"""Rotary position embedding (RoPE) as pure functions (SPEC §2.3, §3.2).
+"""Multi-head plumbing shared by every attention: head splitting and rotary position embedding (RoPE).
 
-Convention: the "rotate-half" layout of Llama / Hugging Face, in which feature ``c`` is paired
-with feature ``c + d_h/2`` and rotated by the angle ``p · θ^(−2c/d_h)`` at position ``p``:
+``split_heads`` / ``merge_heads`` move between ``(B, N, H·d_h)`` and ``(B, H, N, d_h)``. RoPE
+(docs/baselines.md §3, docs/cem.md §3) in the "rotate-half" layout of Llama / Hugging Face, in
+which feature ``c`` is paired with feature ``c + d_h/2`` and rotated by the angle ``p · θ^(−2c/d_h)``
+at position ``p``:
+
 
     rope(x)_p = x_p ⊙ cos_p + rotate_half(x_p) ⊙ sin_p,     rotate_half([x₁; x₂]) = [−x₂; x₁].
 
 ``R_p`` is orthogonal, so ``R_pᵀ`` (the inverse, used to un-rotate CEM's exact-RoPE head outputs)
-is the same formula with ``sin`` negated (``inverse=True``). Kept in ``energies/`` because the CEM
-energies need it and ``energies/`` must not import ``layers/`` (``layers/rope.py`` re-exports it).
+is the same formula with ``sin`` negated (``inverse=True``). Pure functions, in ``energies/``
+because the CEM energies need them; every layer (GPT, Llama, CEM, NRGPT) imports them from here.
 """
 from __future__ import annotations
 
 import torch
 
 from energyformer._validate import check_float, check_int
+
+__all__ = ["split_heads", "merge_heads", "rope_cos_sin", "rotate_half", "apply_rope", "rope_matrices"]
+
+
+def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """``(B, N, H·d_h) -> (B, H, N, d_h)`` (a view when possible)."""
+    b, n, hd = x.shape
+    return x.view(b, n, n_heads, hd // n_heads).transpose(1, 2)
+
+
+def merge_heads(y: torch.Tensor) -> torch.Tensor:
+    """``(B, H, N, d_h) -> (B, N, H·d_h)``."""
+    b, h, n, dh = y.shape
+    return y.transpose(1, 2).reshape(b, n, h * dh)
 
 
 def rope_cos_sin(n_positions: int, head_dim: int, theta: float = 10000.0, *,

@@ -1,0 +1,216 @@
+"""NRGPT option families as registries: attention energies (docs/nrgpt.md §2) and feed-forward
+energies (docs/nrgpt.md §3).
+
+:data:`NRGPT_ATTENTIONS` — how the per-head interaction ``J_h`` of
+``E_A = −(1/β) Σ_h α_h log Σ_{B∈ctx(A)} exp(β g_Bᵀ J_h g_A)`` is parameterized:
+
+* ``full``      one free ``J_h ∈ R^{d×d}`` per head (the reference code; Parameter ``J`` (H, d, d)),
+  ``β = 1`` by default.
+* ``factored``  ``J_h = W^K_hᵀ W^Q_h`` (``q_proj``, ``k_proj``), ``β = 1/sqrt(d_h)`` by default.
+
+Each entry owns ``J``'s parameters, the head weights α (``learn_alpha``), the β default, the
+mask, and the energy / analytic gradient through :mod:`energyformer.energies.nrgpt`.
+
+:data:`FF_ENERGIES` — the feed-forward energy ``E_FF`` (σ = exact GELU; biases as in the
+reference code):
+
+* ``ff1``   ``−‖σ(W g + b)‖²``                       (``up_proj``)
+* ``ff2w``  ``−gᵀ(W² σ(W¹ g + b¹) + b²)``            (``up_proj`` = W¹, ``down_proj`` = W²)
+* ``ff2``   ``−‖σ(W^b σ(W^a g + a) + b)‖²``          (``in_proj`` = W^a, ``up_proj`` = W^b)
+
+Adding an entry: subclass :class:`NRGPTAttention` / :class:`FFEnergy` and register it;
+``tests/test_registries.py`` checks every registered entry (causality, autograd identity).
+"""
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+import torch.nn as nn
+
+from energyformer._validate import check_choice, check_float, check_int
+from energyformer.energies import nrgpt as E
+from energyformer.utils.registry import Registry
+
+__all__ = ["NRGPT_ATTENTIONS", "FF_ENERGIES", "NRGPTAttention", "FFEnergy"]
+
+NRGPT_ATTENTIONS: Registry[type["NRGPTAttention"]] = Registry("attention")
+FF_ENERGIES: Registry[type["FFEnergy"]] = Registry("ff")
+
+
+class NRGPTAttention(nn.Module):
+    """Base class of an NRGPT attention energy (per-token energy and partial gradient).
+
+    Args:
+        d_model, n_heads: ``d``, ``H``. head_dim: ``d_h`` (entries that factor ``J``).
+        beta: inverse temperature (default :meth:`default_beta`). learn_alpha: α is a Parameter
+            (init 1) or a fixed buffer of ones. mask: ``"strict"`` (B < A) or ``"inclusive"`` (B ≤ A).
+
+    Raises:
+        ValueError: bad sizes, ``beta <= 0``, unknown mask.
+    """
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, d_model: int, n_heads: int, head_dim: int, *, beta: float | None = None,
+                 learn_alpha: bool = True, mask: str = "strict"):
+        super().__init__()
+        check_int("d_model", d_model, 1)
+        check_int("n_heads", n_heads, 1)
+        check_int("head_dim", head_dim, 1)
+        self.mask = check_choice("mask", mask, E.MASKS)
+        if not isinstance(learn_alpha, bool):
+            raise ValueError(f"learn_alpha={learn_alpha!r} must be a bool")
+        self.beta = check_float("beta", self.default_beta(head_dim) if beta is None else beta, 0.0, strict=True)
+        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
+        self._make_params(d_model, n_heads, head_dim)
+        if learn_alpha:
+            self.alpha = nn.Parameter(torch.ones(n_heads))
+        else:
+            self.register_buffer("alpha", torch.ones(n_heads), persistent=False)
+
+    @classmethod
+    def default_beta(cls, head_dim: int) -> float:
+        """β when none is given."""
+        return 1.0
+
+    def _make_params(self, d_model: int, n_heads: int, head_dim: int) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def grad(self, g: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:  # pragma: no cover
+        """``∂E_AT/∂g`` per token, ``(B, N, d)`` (dropout on the attention weights when > 0)."""
+        raise NotImplementedError
+
+    def energy(self, g: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:  # pragma: no cover
+        """Per-token ``E_AT`` ``(B, N)`` with queries from ``g`` and keys from ``context`` (default ``g``);
+        ``grad`` is its derivative w.r.t. ``g`` at ``context = g`` with the context held fixed."""
+        raise NotImplementedError
+
+    def reset_parameters(self) -> None:
+        """Reference-code init of parameters that are not ``nn.Linear`` weights (``N(0, 0.02²)``)."""
+
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        """``{"attention": J's parameters and α}``."""
+        return {"attention": list(self.parameters())}
+
+    def extra_repr(self) -> str:
+        return f"n_heads={self.n_heads}, beta={self.beta:.4g}, mask={self.mask!r}"
+
+
+@NRGPT_ATTENTIONS.register("full")
+class FullAttention(NRGPTAttention):
+    """One free ``J_h ∈ R^{d×d}`` per head (``J`` (H, d, d)); keys ``k_{hB} = J_hᵀ g_B``."""
+
+    def _make_params(self, d_model: int, n_heads: int, head_dim: int) -> None:
+        self.J = nn.Parameter(torch.empty(n_heads, d_model, d_model))
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.J, mean=0.0, std=0.02)
+
+    def grad(self, g: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
+        return E.attention_grad(g, self.J, self.alpha, self.beta, self.mask, dropout_p=dropout_p)
+
+    def energy(self, g: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+        return E.attention_energy(g, self.J, self.alpha, self.beta, self.mask, context=context)
+
+
+@NRGPT_ATTENTIONS.register("factored")
+class FactoredAttention(NRGPTAttention):
+    """``J_h = W^K_hᵀ W^Q_h`` with ``q_proj``, ``k_proj`` (H·d_h, d); ``β = 1/sqrt(d_h)`` by default."""
+
+    @classmethod
+    def default_beta(cls, head_dim: int) -> float:
+        return 1.0 / math.sqrt(head_dim)
+
+    def _make_params(self, d_model: int, n_heads: int, head_dim: int) -> None:
+        self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
+
+    def _qk(self) -> tuple[torch.Tensor, torch.Tensor]:
+        H, dh, d = self.n_heads, self.head_dim, self.d_model
+        return self.q_proj.weight.view(H, dh, d), self.k_proj.weight.view(H, dh, d)
+
+    def grad(self, g: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
+        return E.attention_grad_factored(g, *self._qk(), self.alpha, self.beta, self.mask, dropout_p=dropout_p)
+
+    def energy(self, g: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+        return E.attention_energy_factored(g, *self._qk(), self.alpha, self.beta, self.mask, context=context)
+
+
+class FFEnergy(nn.Module):
+    """Base class of an NRGPT feed-forward energy (per token; no context).
+
+    Args:
+        d_model: ``d``. d_ff: hidden size ``M``.
+    """
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        check_int("d_model", d_model, 1)
+        check_int("d_ff", d_ff, 1)
+        self.d_model, self.d_ff = d_model, d_ff
+
+    def weights(self) -> tuple:  # pragma: no cover
+        """The weights and biases the pure functions take, in their order."""
+        raise NotImplementedError
+
+    def energy(self, g: torch.Tensor) -> torch.Tensor:
+        """Per-token ``E_FF`` ``(B, N)`` at ``g`` ``(B, N, d)``."""
+        return self.energy_fn(g, *self.weights())
+
+    def grad(self, g: torch.Tensor) -> torch.Tensor:
+        """``∂E_FF/∂g`` ``(B, N, d)`` (analytic)."""
+        return self.grad_fn(g, *self.weights())
+
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        return {"ff": list(self.parameters())}
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, d_ff={self.d_ff}"
+
+
+@FF_ENERGIES.register("ff1")
+class FF1(FFEnergy):
+    """``E = −‖σ(W g + b)‖²``, ``∂E/∂g = −2 Wᵀ(σ(z) ⊙ σ'(z))``."""
+
+    energy_fn, grad_fn = staticmethod(E.ff1_energy), staticmethod(E.ff1_grad)
+
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__(d_model, d_ff)
+        self.up_proj = nn.Linear(d_model, d_ff)
+
+    def weights(self) -> tuple:
+        return (self.up_proj.weight, self.up_proj.bias)
+
+
+@FF_ENERGIES.register("ff2w")
+class FF2W(FFEnergy):
+    """``E = −gᵀ(W² σ(W¹ g + b¹) + b²)``, ``∂E/∂g = −(W² σ(z) + b²) − W¹ᵀ(σ'(z) ⊙ W²ᵀ g)``."""
+
+    energy_fn, grad_fn = staticmethod(E.ff2w_energy), staticmethod(E.ff2w_grad)
+
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__(d_model, d_ff)
+        self.up_proj = nn.Linear(d_model, d_ff)
+        self.down_proj = nn.Linear(d_ff, d_model)
+
+    def weights(self) -> tuple:
+        return (self.up_proj.weight, self.up_proj.bias, self.down_proj.weight, self.down_proj.bias)
+
+
+@FF_ENERGIES.register("ff2")
+class FF2(FFEnergy):
+    """``E = −‖σ(W^b σ(W^a g + a) + b)‖²`` with ``W^a`` (d, d) and ``W^b`` (M, d) (reference ``GradFeedForward_2Lay``)."""
+
+    energy_fn, grad_fn = staticmethod(E.ff2_energy), staticmethod(E.ff2_grad)
+
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__(d_model, d_ff)
+        self.in_proj = nn.Linear(d_model, d_model)
+        self.up_proj = nn.Linear(d_model, d_ff)
+
+    def weights(self) -> tuple:
+        return (self.in_proj.weight, self.in_proj.bias, self.up_proj.weight, self.up_proj.bias)

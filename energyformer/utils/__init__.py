@@ -1,0 +1,1 @@
+"""Helpers with no energyformer dependencies: atomic file writes (``io``) and devices (``device``)."""
