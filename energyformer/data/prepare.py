@@ -24,20 +24,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from .._validate import check_choice, check_float, check_int
+from ..utils.io import atomic_write_bytes
 from . import shakespeare
-from .loader import TOKEN_DTYPE
+from .meta import DATASETS, FORMAT_VERSION, META_FILE, TOKEN_DTYPE, load_meta
 from .shakespeare import DataPreparationError, sha256_file
 from .tokenizers import MAX_UINT16_VOCAB, TOKENIZERS, CharTokenizer
 
-FORMAT_VERSION = 1
-DATASETS = ("shakespeare_char",)
 VAL_FRACTION = 0.1
 
 
@@ -80,19 +78,6 @@ def read_text_file(path: str | Path) -> tuple[str, str]:
 # Writing and checking prepared directories
 # ----------------------------------------------------------------------------------------------
 
-def _atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, mode) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def split_sizes(n: int, val_fraction: float) -> tuple[int, int]:
     """``(n_train, n_val)`` with ``n_train = int(n * (1 - val_fraction))`` (nanoGPT's 90/10 rule)."""
     n_train = int(n * (1.0 - val_fraction))
@@ -128,11 +113,11 @@ def write_dataset(text: str, out_dir: str | Path, *, dataset: str, source: dict,
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    meta_path = out_dir / "meta.json"
+    meta_path = out_dir / META_FILE
     if meta_path.exists():  # never leave an old meta.json beside half-written new .bin files
         meta_path.unlink()
     for name, arr in (("train", train), ("val", val)):
-        _atomic_write(out_dir / f"{name}.bin", lambda f, a=arr: f.write(a.tobytes()))
+        atomic_write_bytes(out_dir / f"{name}.bin", arr.tobytes())
     meta = {
         "format_version": FORMAT_VERSION,
         "dataset": dataset,
@@ -150,7 +135,7 @@ def write_dataset(text: str, out_dir: str | Path, *, dataset: str, source: dict,
         "source": source,
     }
     payload = json.dumps(meta, indent=2, ensure_ascii=False) + "\n"
-    _atomic_write(meta_path, lambda f: f.write(payload.encode("utf-8")))
+    atomic_write_bytes(meta_path, payload.encode("utf-8"))
     return meta
 
 
@@ -170,14 +155,11 @@ def check_prepared(out_dir: str | Path, expected: dict[str, Any]) -> str | None:
     the current options require. Both ``.bin`` files must have the recorded size and sha256.
     """
     out_dir = Path(out_dir)
-    meta_path = out_dir / "meta.json"
-    if not meta_path.is_file():
+    if not (out_dir / META_FILE).is_file():
         return "no meta.json"
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return "meta.json is corrupt"
-    if not isinstance(meta, dict):
+        meta = load_meta(out_dir)
+    except ValueError:
         return "meta.json is corrupt"
     for key, want in {"format_version": FORMAT_VERSION, **expected}.items():
         have = _get(meta, key)
@@ -330,4 +312,4 @@ def _describe(meta: dict) -> str:
 
 
 def _summary(out_dir: Path) -> str:
-    return _describe(json.loads((out_dir / "meta.json").read_text(encoding="utf-8")))
+    return _describe(load_meta(out_dir))

@@ -12,6 +12,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from .meta import load_meta
+
 MAX_UINT16_VOCAB = 65535  # ids are stored as uint16; id 65535 is kept free
 
 
@@ -140,15 +142,13 @@ def load_tokenizer(meta_or_dir: Mapping[str, Any] | str | Path):
 
     Args:
         meta_or_dir: a ``meta.json`` dict, or a prepared data directory (its ``meta.json`` is read
-            with :func:`energyformer.data.loader.load_meta`).
+            with :func:`energyformer.data.meta.load_meta`).
 
     Raises:
         FileNotFoundError / ValueError: see ``load_meta``; ``ValueError`` if ``meta["tokenizer"]``
             is not one of ``TOKENIZERS``.
     """
     if isinstance(meta_or_dir, (str, Path)):
-        from .loader import load_meta
-
         meta = load_meta(meta_or_dir)
     else:
         meta = meta_or_dir

@@ -1,0 +1,57 @@
+"""The format of a prepared data directory and the one reader of its ``meta.json``.
+
+A prepared directory holds ``train.bin`` and ``val.bin`` (raw little-endian uint16 token ids)
+and ``meta.json`` (written last by :mod:`energyformer.data.prepare`; its fields are listed
+there). Everything that needs a dataset's metadata reads it with :func:`load_meta`; a run
+directory's copy of it is read through ``energyformer.runs``.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+FORMAT_VERSION = 1
+META_FILE = "meta.json"
+DATASETS = ("shakespeare_char",)  # names that `energyformer prepare NAME` builds
+SPLITS = ("train", "val")
+TOKEN_DTYPE = np.uint16
+REQUIRED_META_KEYS = ("tokenizer", "vocab_size", "n_train", "n_val", "format_version")
+
+
+def prepare_hint(data_dir: Path) -> str:
+    """The ``energyformer prepare`` command that creates ``data_dir`` (for error messages)."""
+    if data_dir.name in DATASETS:
+        return f"run `energyformer prepare {data_dir.name}` first"
+    return (f"run `energyformer prepare <name>` (datasets: {', '.join(DATASETS)}) or "
+            f"`energyformer prepare text --input FILE --out {data_dir}` first")
+
+
+def load_meta(data_dir: str | Path) -> dict:
+    """Read and check ``<data_dir>/meta.json``.
+
+    Returns:
+        the metadata dict (tokenizer, vocab_size, n_train, n_val, sha256, source, ...).
+
+    Raises:
+        FileNotFoundError: no ``meta.json``; the message says which ``energyformer prepare``
+            command creates it.
+        ValueError: the file is not valid JSON, not an object, or lacks a required key
+            (``REQUIRED_META_KEYS``).
+    """
+    data_dir = Path(data_dir)
+    path = data_dir / META_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: the dataset is not prepared; {prepare_hint(data_dir)}")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is corrupt (not valid JSON: {exc}); rerun the prepare command "
+                         f"with --force ({prepare_hint(data_dir)})") from exc
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path} is corrupt: expected a JSON object, got {type(meta).__name__}")
+    missing = [k for k in REQUIRED_META_KEYS if k not in meta]
+    if missing:
+        raise ValueError(f"{path} lacks required keys {missing}; rerun the prepare command with --force")
+    return meta
