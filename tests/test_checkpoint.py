@@ -13,9 +13,10 @@ import torch
 import torch.nn as nn
 
 from energyformer import build_model
-from energyformer.train import checkpoint as ck
-from energyformer.train.config import load_config
+from energyformer.runs import checkpoint, rng, rundir, weights
+from energyformer.runs.config import load_config
 from energyformer.train.optim import build_optimizer
+from energyformer.utils import io
 
 META = {"format_version": 1, "tokenizer": "char", "vocab_size": 11, "chars": list("abcdefghijk"),
         "n_train": 100, "n_val": 10}
@@ -42,21 +43,21 @@ def write_checkpoint(out_dir, step=3, **model_kw):
         opt.step()
         opt.zero_grad()
     gen = torch.Generator().manual_seed(5)
-    ck.write_run_files(out_dir, cfg, META)
-    ck.save_checkpoint(out_dir, model, opt, step, 1.25, gen)
+    rundir.write_run_files(out_dir, cfg, META)
+    checkpoint.save_checkpoint(out_dir, model, opt, step, 1.25, gen)
     return model, opt, gen
 
 
 @pytest.mark.parametrize("tie", [False, True])
 def test_save_load_gives_identical_logits(tmp_path, tie):
     model, _, _ = write_checkpoint(tmp_path, tie_embeddings=tie)
-    loaded, cfg, meta = ck.load_run(tmp_path)
+    loaded, cfg, meta = rundir.load_run(tmp_path)
     assert meta == META and cfg.model == model.config
     idx = torch.randint(0, 11, (3, 8))
     model.eval()
     torch.testing.assert_close(loaded(idx)[0], model(idx)[0], atol=0, rtol=0)
     assert not loaded.training
-    tensors, metadata = ck.read_weights(tmp_path / "model.safetensors")
+    tensors, metadata = weights.read_weights(tmp_path / "model.safetensors")
     assert metadata["step"] == "3"
     if tie:  # stored once, restored as one Parameter
         from safetensors import safe_open
@@ -76,12 +77,12 @@ def test_wrapper_prefixes_are_not_saved(tmp_path):
             self._orig_mod = m
 
     model = build_model(run_cfg(tmp_path).model)
-    path = ck.save_weights(Wrapper(model), tmp_path / "w.safetensors")
-    tensors, _ = ck.read_weights(path)
+    path = weights.save_weights(Wrapper(model), tmp_path / "w.safetensors")
+    tensors, _ = weights.read_weights(path)
     assert set(tensors) == set(model.state_dict())
-    assert ck.strip_wrapper_prefixes("module._orig_mod.blocks.0.w") == "blocks.0.w"
+    assert weights.strip_wrapper_prefixes("module._orig_mod.blocks.0.w") == "blocks.0.w"
     fresh = build_model(run_cfg(tmp_path).model)
-    ck.load_weights(Wrapper(fresh), path)
+    weights.load_weights(Wrapper(fresh), path)
     for k, v in model.state_dict().items():
         assert torch.equal(v, fresh.state_dict()[k])
 
@@ -91,13 +92,13 @@ def test_train_state_is_weights_only_and_restores_everything(tmp_path):
     state = torch.load(tmp_path / "train_state.pt", weights_only=True)
     assert state["step"] == 3 and state["best_val_loss"] == 1.25
     assert {"optimizer", "rng", "data_generator", "format_version"} <= set(state)
-    marker = ck.find_checkpoint(tmp_path)
+    marker = checkpoint.find_checkpoint(tmp_path)
     assert marker["step"] == 3 and set(marker["files"]) <= {p.name for p in tmp_path.iterdir()}
 
     model2 = build_model(model.config)
     opt2 = build_optimizer(model2, run_cfg(tmp_path).train)
     gen2 = torch.Generator().manual_seed(123)
-    ck.restore_checkpoint(tmp_path, model2, opt2, gen2)
+    checkpoint.restore_checkpoint(tmp_path, model2, opt2, gen2)
     assert torch.equal(gen2.get_state(), gen.get_state())
     s1, s2 = opt.state_dict()["state"], opt2.state_dict()["state"]
     assert s1.keys() == s2.keys()
@@ -108,24 +109,24 @@ def test_train_state_is_weights_only_and_restores_everything(tmp_path):
 
 def test_rng_state_round_trip():
     torch.manual_seed(1), np.random.seed(1), random.seed(1)
-    state = ck.rng_state()
+    state = rng.rng_state()
     a = (torch.rand(3), np.random.rand(3), random.random())
     torch.manual_seed(9), np.random.seed(9), random.seed(9)
-    ck.set_rng_state(state)
+    rng.set_rng_state(state)
     b = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2] == b[2]
 
 
 def test_atomic_write_keeps_old_file_on_failure(tmp_path, monkeypatch):
     path = tmp_path / "x.txt"
-    ck.atomic_write_text(path, "old")
+    io.atomic_write_text(path, "old")
 
     def boom(*a, **k):
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", boom)
     with pytest.raises(OSError):
-        ck.atomic_write_text(path, "new")
+        io.atomic_write_text(path, "new")
     monkeypatch.undo()
     assert path.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["x.txt"]  # no temp file left
@@ -136,16 +137,16 @@ def test_no_temp_files_after_checkpoint(tmp_path):
     write_checkpoint(tmp_path, step=4)  # overwrite
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["config.yaml", "meta.json", "model.safetensors", "train_state.pt", "checkpoint.json"])
-    assert ck.find_checkpoint(tmp_path)["step"] == 4
+    assert checkpoint.find_checkpoint(tmp_path)["step"] == 4
 
 
 def test_find_checkpoint_incomplete(tmp_path):
-    assert ck.find_checkpoint(tmp_path) is None
+    assert checkpoint.find_checkpoint(tmp_path) is None
     write_checkpoint(tmp_path)
     (tmp_path / "train_state.pt").unlink()
-    assert ck.find_checkpoint(tmp_path) is None
+    assert checkpoint.find_checkpoint(tmp_path) is None
     (tmp_path / "checkpoint.json").write_text("{not json")
-    assert ck.find_checkpoint(tmp_path) is None
+    assert checkpoint.find_checkpoint(tmp_path) is None
 
 
 def test_torn_checkpoint_is_detected(tmp_path):
@@ -154,14 +155,14 @@ def test_torn_checkpoint_is_detected(tmp_path):
     marker["step"] = 5  # as if the weights/state of step 5 had not both landed
     (tmp_path / "checkpoint.json").write_text(json.dumps(marker))
     with pytest.raises(ValueError, match="inconsistent"):
-        ck.restore_checkpoint(tmp_path, model, opt, gen)
+        checkpoint.restore_checkpoint(tmp_path, model, opt, gen)
 
 
 def test_load_run_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="run directory .* does not exist"):
-        ck.load_run(tmp_path / "missing")
+        rundir.load_run(tmp_path / "missing")
     with pytest.raises(FileNotFoundError, match="config.yaml"):
-        ck.load_run(tmp_path)
+        rundir.load_run(tmp_path)
 
     write_checkpoint(tmp_path)
     weights = tmp_path / "model.safetensors"
@@ -169,37 +170,37 @@ def test_load_run_errors(tmp_path):
 
     weights.unlink()
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
-        ck.load_run(tmp_path)
+        rundir.load_run(tmp_path)
 
     weights.write_bytes(b"\x00garbage that is not a safetensors header")
     with pytest.raises(ValueError, match="model.safetensors.*corrupt"):
-        ck.load_run(tmp_path)
+        rundir.load_run(tmp_path)
 
     weights.write_bytes(good[: len(good) // 2])  # truncated
     with pytest.raises(ValueError, match="model.safetensors.*corrupt"):
-        ck.load_run(tmp_path)
+        rundir.load_run(tmp_path)
 
     weights.write_bytes(good)
-    ck.load_run(tmp_path)  # intact again
+    rundir.load_run(tmp_path)  # intact again
     cfg = (tmp_path / "config.yaml").read_text()
     (tmp_path / "config.yaml").write_text(cfg.replace("d_model: 16", "d_model: 32"))
     with pytest.raises(ValueError, match="do not match.*shape mismatch"):
-        ck.load_run(tmp_path)
+        rundir.load_run(tmp_path)
     (tmp_path / "config.yaml").write_text(cfg.replace("n_layers: 2", "n_layers: 1"))
     with pytest.raises(ValueError, match=r"unexpected \[blocks\.1\."):
-        ck.load_run(tmp_path)
+        rundir.load_run(tmp_path)
     (tmp_path / "config.yaml").write_text(cfg.replace("n_layers: 2", "n_layers: 3"))
     with pytest.raises(ValueError, match=r"missing \[blocks\.2\."):
-        ck.load_run(tmp_path)
+        rundir.load_run(tmp_path)
 
     (tmp_path / "config.yaml").write_text(cfg)
     (tmp_path / "meta.json").unlink()
     with pytest.raises(FileNotFoundError, match="meta.json"):
-        ck.load_run(tmp_path)
+        rundir.load_run(tmp_path)
 
 
 def test_corrupt_train_state(tmp_path):
     model, opt, gen = write_checkpoint(tmp_path)
     (tmp_path / "train_state.pt").write_bytes(b"not a torch file")
     with pytest.raises(ValueError, match="train_state.pt.*corrupt"):
-        ck.restore_checkpoint(tmp_path, model, opt, gen)
+        checkpoint.restore_checkpoint(tmp_path, model, opt, gen)

@@ -1,7 +1,9 @@
-"""Recipes and run configs: every YAML under configs/ loads and builds; overrides, type coercion,
-unknown keys, validation, vocab resolution and the save/load round trip."""
+"""Recipes and run configs: every YAML under configs/ loads and builds; recipe inheritance,
+overrides, types, unknown keys, validation, renamed keys, vocab resolution and the save/load
+round trip."""
 import dataclasses
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -9,8 +11,8 @@ import torch
 import yaml
 
 from energyformer import build_model
-from energyformer.train.config import (DataConfig, RunConfig, TrainConfig, load_config, parse_overrides,
-                                       save_config)
+from energyformer.runs.config import DataConfig, RunConfig, TrainConfig, load_config, save_config
+from energyformer.runs.recipe import read_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "configs").rglob("*.yaml"))
@@ -28,11 +30,12 @@ def test_recipe_loads_and_builds_on_meta_device(path, tmp_path, monkeypatch):
     with torch.device("meta"):
         model = build_model(cfg.model)
     assert model.num_params() > 0
-    given = yaml.safe_load(path.read_text())["model"].get("vocab_size")
+    given = read_recipe(path)["model"].get("vocab_size")
     if given is None and not (cfg.data.path / "meta.json").exists():
         assert cfg.model.vocab_size == 65
     save_config(cfg, tmp_path / "resolved.yaml")
     assert load_config(tmp_path / "resolved.yaml") == cfg
+    assert "base" not in yaml.safe_load((tmp_path / "resolved.yaml").read_text())
 
 
 def test_gpt_recipe_size():
@@ -60,21 +63,24 @@ def test_override_forms_and_coercion():
     # defaults resolved from other fields
     assert cfg.train.lr_decay_steps == 2000 and cfg.train.ckpt_interval == cfg.train.eval_interval
     assert cfg.train.min_lr == pytest.approx(3e-5)
-    # YAML-typed values are coerced too: int given as a float, float given as an int
-    cfg = load_config({"model": {"arch": "gpt", "d_model": 16.0, "n_heads": 2}, "train": {"learning_rate": 1}})
-    assert cfg.model.d_model == 16 and isinstance(cfg.model.d_model, int)
-    assert isinstance(cfg.train.learning_rate, float)
+    # YAML-typed values are checked too: an int is a valid float, a float is not an int
+    cfg = load_config({"model": {"arch": "gpt", "d_model": 16, "n_heads": 2}, "train": {"learning_rate": 1}})
+    assert isinstance(cfg.train.learning_rate, float) and cfg.train.learning_rate == 1.0
+    with pytest.raises(ValueError, match=r"model.d_model=16.5 must be an integer"):
+        load_config({"model": {"arch": "gpt", "d_model": 16.5, "n_heads": 2}})
     # later overrides win; arch can be overridden
     assert load_config(minimal(), ["--train.seed", "1", "--train.seed", "2"]).train.seed == 2
 
 
-def test_parse_overrides():
-    assert parse_overrides(["--a.b", "1", "--c.d=x=y", "--e.f"])[:2] == [(("a", "b"), "1"), (("c", "d"), "x=y")]
-    assert parse_overrides(["--train.seed", "-1"]) == [(("train", "seed"), "-1")]
+def test_override_token_forms():
+    cfg = load_config(minimal(), ["--data.root=x=y", "--train.max-steps", "7", "--train.seed", "-0"])
+    assert cfg.data.root == "x=y" and cfg.train.max_steps == 7 and cfg.train.seed == 0
+    with pytest.raises(ValueError, match=r"train.seed=-1 must be >= 0"):  # "-1" is a value, not a flag
+        load_config(minimal(), ["--train.seed", "-1"])
     with pytest.raises(ValueError, match="unexpected argument 'oops'"):
-        parse_overrides(["oops"])
+        load_config(minimal(), ["oops"])
     with pytest.raises(ValueError, match="must name a section and a key"):
-        parse_overrides(["--max_steps", "3"])
+        load_config(minimal(), ["--max_steps", "3"])
 
 
 def test_unknown_keys_and_sections():
@@ -98,7 +104,7 @@ def test_unknown_keys_and_sections():
     (["--train.max_steps", "2.5"], r"train.max_steps='2.5' must be an integer"),
     (["--train.learning_rate", "fast"], r"train.learning_rate='fast' must be a number"),
     (["--train.learning_rate", "-1e-3"], r"train.learning_rate=-0.001 must be > 0"),
-    (["--train.learning_rate", "nan"], r"train.learning_rate=nan must be a finite number"),
+    (["--train.learning_rate", "nan"], r"train.learning_rate='nan' must be a number"),
     (["--train.min_lr", "1.0"], r"train.min_lr=1.0 must be <= 0.001"),
     (["--train.tensorboard", "maybe"], r"train.tensorboard='maybe' must be a boolean"),
     (["--train.batch_size", "0"], r"train.batch_size=0 must be >= 1"),
@@ -107,7 +113,8 @@ def test_unknown_keys_and_sections():
     (["--train.device", "cpu:1"], r"train.device='cpu:1' is not valid"),
     (["--train.dtype", "float16"], r"train.dtype='float16' is not valid"),
     (["--train.lr_schedule", "linear"], r"train.lr_schedule='linear' is not valid"),
-    (["--train.max_steps"], r"override --train.max_steps needs a value"),
+    (["--train.max_steps"], r"override --train.max_steps needs a value \(an integer\)"),
+    (["--train.num_threads", "many"], r"train.num_threads='many' must be an integer or null"),
     (["--model.n_heads", "3"], r"n_heads=3 must divide d_model=16"),
     (["--train.num_threads", "0"], r"train.num_threads=0 must be >= 1"),
 ])
@@ -139,11 +146,12 @@ def test_vocab_resolution(tmp_path):
         load_config(raw, resolve_vocab=True)
     assert load_config(raw, resolve_vocab=True, default_vocab_size=65).model.vocab_size == 65
     d.mkdir(parents=True)
-    (d / "meta.json").write_text(json.dumps({"vocab_size": 42}))
+    meta = {"format_version": 1, "tokenizer": "char", "vocab_size": 42, "n_train": 10, "n_val": 2}
+    (d / "meta.json").write_text(json.dumps(meta))
     assert load_config(raw, resolve_vocab=True).model.vocab_size == 42
     assert load_config(raw, ["--model.vocab_size", "100"], resolve_vocab=True).model.vocab_size == 100
-    (d / "meta.json").write_text("{broken")
-    with pytest.raises(ValueError, match="no readable 'vocab_size'"):
+    (d / "meta.json").write_text("{broken")  # read by energyformer.data.load_meta, the one reader
+    with pytest.raises(ValueError, match=r"meta.json is corrupt"):
         load_config(raw, resolve_vocab=True)
 
 
@@ -165,17 +173,16 @@ def test_dataclass_defaults_validate():
 
 
 def test_optional_fields_from_strings():
-    from energyformer.train.config import coerce
-
-    assert coerce("null", int | None, "x") is None and coerce("None", int | None, "x") is None
-    assert coerce("7", int | None, "x") == 7
-    assert coerce("none", str | None, "x") is None  # `--model.rope none` (issue found by a user test)
-    assert coerce("exact", str | None, "x") == "exact"
-    assert coerce("~", str | None, "x") is None
-    assert coerce("1e-3", float | str, "x") == 1e-3 and coerce("abc", float | str, "x") == "abc"
-    assert coerce([1, 2], tuple[int, ...], "x") == (1, 2) and coerce("[1, 2]", list[int], "x") == [1, 2]
-    with pytest.raises(ValueError, match=r"x='abc' must be an integer or null"):
-        coerce("abc", int | None, "x")
+    cem = ROOT / "configs/shakespeare_char/cem.yaml"
+    for spelling in ("null", "None", "none", "~"):
+        assert load_config(cem, ["--model.head_dim", spelling]).model.head_dim is None
+        assert load_config(cem, ["--model.rope", spelling]).model.rope is None  # `--model.rope none`
+    assert load_config(cem, ["--model.head_dim", "16"]).model.head_dim == 16
+    assert load_config(cem, ["--model.rope", "llama"]).model.rope == "llama"
+    assert load_config(cem, ["--model.attn_step_size", "1e-1"]).model.attn_step_size == 0.1
+    with pytest.raises(ValueError, match=r"model.head_dim='abc' must be an integer or null"):
+        load_config(cem, ["--model.head_dim", "abc"])
+    assert load_config(minimal(), ["--data.dataset", "none"]).data.dataset == "none"  # a str field keeps it
 
 
 def test_none_spellings_reach_optional_model_options():
@@ -194,3 +201,115 @@ def test_build_model_from_a_recipe_anywhere_with_overrides(tmp_path, monkeypatch
     cfg = load_config(recipe, default_vocab_size=65, resolve_vocab=True).model
     assert build_model(cfg, n_steps=3).config.n_steps == 3
     assert build_model(cfg.to_dict()).config == cfg
+
+
+# --------------------------------------------------------------------------------------------
+# recipe inheritance (base:) and the out_dir default
+# --------------------------------------------------------------------------------------------
+
+def write(path, data):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return path
+
+
+def test_recipe_inheritance_chain_merges_deeply(tmp_path):
+    write(tmp_path / "a.yaml", {"model": {"arch": "cem", "d_model": 32, "n_heads": 2, "n_layers": 1,
+                                          "rope": "exact"},
+                                "train": {"max_steps": 5, "batch_size": 4}})
+    write(tmp_path / "sub" / "b.yaml", {"base": "../a.yaml", "model": {"n_steps": 2, "rope": None},
+                                        "train": {"max_steps": 6}})
+    c = write(tmp_path / "sub" / "c.yaml", "base: b.yaml\nmodel:\n  interaction: diag_shared\ntrain:\n")
+    cfg = load_config(c)
+    assert (cfg.model.d_model, cfg.model.n_steps, cfg.model.interaction) == (32, 2, "diag_shared")
+    assert cfg.model.rope is None  # the child's null wins
+    assert (cfg.train.max_steps, cfg.train.batch_size) == (6, 4)
+    assert cfg.train.out_dir == "out/c"  # named after the recipe given, not its bases
+    assert load_config(c, ["--train.max_steps", "9"]).train.max_steps == 9
+    save_config(cfg, tmp_path / "resolved.yaml")
+    assert "base" not in yaml.safe_load((tmp_path / "resolved.yaml").read_text())
+    assert load_config(tmp_path / "resolved.yaml") == cfg
+
+
+def test_recipe_inheritance_errors(tmp_path):
+    write(tmp_path / "x.yaml", {"base": "y.yaml", "model": {"arch": "gpt"}})
+    write(tmp_path / "y.yaml", {"base": "z.yaml"})
+    write(tmp_path / "z.yaml", {"base": "x.yaml"})
+    with pytest.raises(ValueError, match=r"recipe inheritance cycle: x.yaml -> y.yaml -> z.yaml -> x.yaml") as e:
+        load_config(tmp_path / "x.yaml")
+    assert "\n" not in str(e.value)
+    write(tmp_path / "self.yaml", {"base": "self.yaml"})
+    with pytest.raises(ValueError, match="cycle: self.yaml -> self.yaml"):
+        load_config(tmp_path / "self.yaml")
+    write(tmp_path / "orphan.yaml", {"base": "missing.yaml"})
+    with pytest.raises(FileNotFoundError, match=r"base recipe .*missing.yaml.*orphan.yaml"):
+        load_config(tmp_path / "orphan.yaml")
+    write(tmp_path / "badbase.yaml", {"base": 3})
+    with pytest.raises(ValueError, match="base=3 .* must be the file name of another recipe"):
+        load_config(tmp_path / "badbase.yaml")
+
+
+def test_out_dir_defaults_to_the_recipe_stem(tmp_path):
+    path = write(tmp_path / "my_run.yaml", minimal())
+    assert load_config(path).train.out_dir == "out/my_run"
+    assert load_config(path, ["--train.out_dir", "elsewhere"]).train.out_dir == "elsewhere"
+    assert load_config(minimal()).train.out_dir == "out/run"  # no recipe file: the old default
+    assert load_config(write(tmp_path / "set.yaml", minimal(out_dir="mine"))).train.out_dir == "mine"
+
+
+CEM_ABLATIONS = {  # recipe -> the model fields in which it differs from cem.yaml
+    "cem_t2": {"n_steps": 2},
+    "cem_diag_shared": {"interaction": "diag_shared"},
+    "cem_diag_per_head": {"interaction": "diag_per_head"},
+    "cem_diag_only": {"interaction": "diag_only", "rope": None},
+    "cem_precond": {"preconditioner": "diag_lowrank", "preconditioner_rank": 8},
+    "cem_full": {"n_steps": 2, "interaction": "diag_shared", "preconditioner": "diag_lowrank",
+                 "preconditioner_rank": 8},
+}
+
+
+@pytest.mark.parametrize("name", sorted(CEM_ABLATIONS))
+def test_cem_ablations_differ_from_cem_only_in_their_option(name):
+    base = load_config(ROOT / "configs/shakespeare_char/cem.yaml", default_vocab_size=65)
+    cfg = load_config(ROOT / f"configs/shakespeare_char/{name}.yaml", default_vocab_size=65)
+    assert cfg.model == dataclasses.replace(base.model, **CEM_ABLATIONS[name])
+    assert cfg.data == base.data
+    assert cfg.train == dataclasses.replace(base.train, out_dir=f"out/{name}")
+    assert read_recipe(ROOT / f"configs/shakespeare_char/{name}.yaml")["train"].get("out_dir") is None
+
+
+# --------------------------------------------------------------------------------------------
+# renamed (deprecated) model keys
+# --------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def gpt_renames_width(monkeypatch):
+    """GPTConfig with a renamed key ``width`` → ``d_model`` (what the models' ``upgrade_dict`` does)."""
+    from energyformer.models.gpt import GPTConfig
+
+    seen = []
+
+    def upgrade_dict(cls, d):
+        seen.append(dict(d))
+        d = dict(d)
+        if "width" in d:
+            warnings.warn("model key 'width' is deprecated; use 'd_model'", FutureWarning, stacklevel=2)
+            d["d_model"] = d.pop("width")
+        return d
+
+    monkeypatch.setattr(GPTConfig, "renamed_keys", {"width": "d_model"}, raising=False)
+    monkeypatch.setattr(GPTConfig, "upgrade_dict", classmethod(upgrade_dict), raising=False)
+    return seen
+
+
+def test_renamed_keys_are_upgraded_from_recipes_and_overrides(gpt_renames_width, tmp_path):
+    raw = {"model": {"arch": "gpt", "width": 16, "n_heads": 2, "n_layers": 1}}
+    with pytest.warns(FutureWarning, match="'width' is deprecated; use 'd_model'"):
+        assert load_config(raw).model.d_model == 16
+    # the override's key is part of the mapping the config class upgrades
+    with pytest.warns(FutureWarning, match="'width'"):
+        assert load_config(minimal(), ["--model.width", "32"]).model.d_model == 32
+    assert gpt_renames_width[-1]["width"] == "32" and "arch" not in gpt_renames_width[-1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the new key: no warning
+        assert load_config(minimal(), ["--model.d_model", "32"]).model.d_model == 32

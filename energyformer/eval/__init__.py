@@ -1,0 +1,2 @@
+"""Evaluation: held-out loss (``loss``: perplexity, bits per character/byte) and run comparison
+tables (``compare``)."""

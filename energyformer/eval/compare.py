@@ -1,20 +1,17 @@
 """Compare finished runs: one table (Markdown or JSON) and validation-loss curves.
 
-Reads only what ``energyformer train`` writes into a run directory: ``summary.json`` (final
-numbers), ``config.yaml`` (the recipe) and ``metrics.jsonl`` (the curves), so it works on runs
-copied from another machine without the data or the model code's state.
+Reads only what ``energyformer train`` writes into a run directory, through the readers of
+``energyformer.runs``: ``summary.json`` (final numbers), ``config.yaml`` (the recipe) and
+``metrics.jsonl`` (the curves), so it works on runs copied from another machine without the data.
 
     energyformer compare out/llama out/cem out/cem_t2 --out results/cem.md --plot results/cem.png
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Sequence
 
-import yaml
-
-from energyformer.train.metrics import read_metrics
+from energyformer.runs.rundir import CONFIG_FILE, read_metrics, read_run_config, read_summary
 
 COLUMNS = ("run", "arch", "params", "best_val_loss", "final_val_loss", "final_train_loss", "steps",
            "minutes", "tokens_per_s")
@@ -25,20 +22,11 @@ def run_row(run_dir: str | Path) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: ``run_dir`` has no ``summary.json`` (the run has not finished).
-        ValueError: ``summary.json`` is not valid JSON.
+        ValueError: ``summary.json`` is not valid JSON, or ``config.yaml`` does not load.
     """
     run_dir = Path(run_dir)
-    path = run_dir / "summary.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{str(path)!r} not found: is {str(run_dir)!r} a finished `energyformer train` run?")
-    try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{str(path)!r} is not valid JSON ({e})") from None
-    arch = None
-    cfg_path = run_dir / "config.yaml"
-    if cfg_path.is_file():
-        arch = (yaml.safe_load(cfg_path.read_text(encoding="utf-8")) or {}).get("model", {}).get("arch")
+    summary = read_summary(run_dir)
+    arch = read_run_config(run_dir).model.arch if (run_dir / CONFIG_FILE).is_file() else None
     row = {"run": run_dir.name, "arch": arch}
     row.update({k: summary.get(k) for k in COLUMNS if k not in row})
     return row

@@ -1,11 +1,14 @@
-"""Training: run configs, the loop, optimizer/schedule, checkpoints and metrics logs.
+"""Training: the loop, optimizer/schedule and the metrics log.
 
     from energyformer.train import load_config, train
     summary = train(load_config("configs/shakespeare_char/gpt.yaml", ["--train.max_steps", "100"],
                                 resolve_vocab=True))
+
+The run config (``DataConfig``, ``TrainConfig``, ``RunConfig``, ``load_config``, ``save_config``)
+and ``load_run`` live in ``energyformer.runs``; they are re-exported here for compatibility.
 """
-from energyformer.train.checkpoint import load_run
-from energyformer.train.config import DataConfig, RunConfig, TrainConfig, load_config, save_config
+from energyformer.runs.config import DataConfig, RunConfig, TrainConfig, load_config, save_config
+from energyformer.runs.rundir import load_run
 from energyformer.train.loop import TrainingDivergedError, train
 from energyformer.train.optim import build_optimizer, lr_at
 

@@ -15,23 +15,24 @@ So N steps + resume for N more reproduces a 2N-step run (with the same ``lr_deca
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import random
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
 
+from energyformer.eval.loss import estimate_loss
 from energyformer.models.registry import build_model
-from energyformer.train import checkpoint as ckpt
-from energyformer.train.config import RunConfig, TrainConfig, load_config
+from energyformer.runs import checkpoint as ckpt
+from energyformer.runs import rundir
+from energyformer.runs.config import RunConfig, TrainConfig
+from energyformer.runs.rng import seed_everything
 from energyformer.train.metrics import MetricsLogger
 from energyformer.train.optim import build_optimizer, lr_at
+from energyformer.utils.device import resolve_device
 
 # dense bf16 peak FLOP/s for MFU; devices not listed report mfu=None
 _PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12,
@@ -108,9 +109,9 @@ def train(run_cfg: RunConfig, *, progress: bool | None = None) -> dict[str, Any]
         if progress is not False:
             tqdm.write(f"resuming from {resume_dir} at step {start_step}")
     else:  # a fresh run: stale checkpoint files in out_dir must never be resumed or loaded
-        for name in (ckpt.MARKER_FILE, ckpt.WEIGHTS_FILE, ckpt.STATE_FILE):
+        for name in ckpt.CHECKPOINT_FILES:
             (out_dir / name).unlink(missing_ok=True)
-    ckpt.write_run_files(out_dir, run_cfg, meta)
+    rundir.write_run_files(out_dir, run_cfg, meta)
     metrics = MetricsLogger(out_dir, keep_until_step=start_step if resume_dir is not None else None,
                             tensorboard=tc.tensorboard)
 
@@ -123,8 +124,9 @@ def train(run_cfg: RunConfig, *, progress: bool | None = None) -> dict[str, Any]
     peak = peak_flops(device)
 
     def evaluate() -> dict[str, float]:
-        return estimate_loss(fwd, {"val": val_data, "train": train_data}, tc, block_size, device, amp,
-                             get_batch)
+        return estimate_loss(fwd, {"val": val_data, "train": train_data}, eval_iters=tc.eval_iters,
+                             batch_size=tc.batch_size, block_size=block_size, seed=tc.seed, device=device,
+                             autocast=amp, get_batch=get_batch)
 
     # --- the loop --------------------------------------------------------------------------------
     bar = tqdm(total=tc.max_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
@@ -218,67 +220,13 @@ def train(run_cfg: RunConfig, *, progress: bool | None = None) -> dict[str, Any]
         "out_dir": str(out_dir),
     }
     # For `compare`-style tables across runs; metrics.jsonl keeps the full curve.
-    ckpt.atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    rundir.write_summary(out_dir, summary)
     return summary
 
 
 # ------------------------------------------------------------------------------------------------
 # helpers
 # ------------------------------------------------------------------------------------------------
-
-@torch.no_grad()
-def estimate_loss(model: nn.Module, splits: dict[str, Any], cfg: TrainConfig, block_size: int,
-                  device: torch.device, amp: Any, get_batch: Any) -> dict[str, float]:
-    """Mean loss over ``cfg.eval_iters`` batches of each split, in eval mode.
-
-    Each split draws from its own generator seeded from ``cfg.seed`` (the same batches at every
-    evaluation, so curves are comparable and the training RNG streams are untouched).
-    """
-    was_training = model.training
-    model.eval()
-    out = {}
-    try:
-        for i, (name, data) in enumerate(splits.items()):
-            gen = torch.Generator().manual_seed(cfg.seed + 1_000_003 * (i + 1))
-            total = 0.0
-            for _ in range(cfg.eval_iters):
-                x, y = get_batch(data, cfg.batch_size, block_size, gen, device)
-                with amp:
-                    _, loss = model(x, y)
-                total += loss.item()
-            out[name] = total / cfg.eval_iters
-    finally:
-        model.train(was_training)
-    return out
-
-
-def resolve_device(device: str) -> torch.device:
-    """``"auto"`` → CUDA if available, else CPU; checks that an explicit CUDA/MPS device exists.
-
-    Raises:
-        ValueError: the requested accelerator is not available.
-    """
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise ValueError(f"device={device!r} is not a device; expected 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} but CUDA is not available; use device 'cpu'")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ValueError(f"device={device!r} but only {torch.cuda.device_count()} CUDA device(s) exist")
-    if dev.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"device={device!r} but MPS is not available; use device 'cpu'")
-    return dev
-
-
-def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch (all devices)."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
 
 def estimate_flops_per_token(model: nn.Module) -> float:
     """Training FLOPs per token (forward + backward), for MFU.
@@ -323,7 +271,7 @@ def _resume_dir(tc: TrainConfig, out_dir: Path) -> Path | None:
     if tc.resume == "auto":
         if ckpt.find_checkpoint(out_dir) is not None:
             return out_dir
-        left = [n for n in (ckpt.MARKER_FILE, ckpt.WEIGHTS_FILE, ckpt.STATE_FILE) if (out_dir / n).exists()]
+        left = [n for n in ckpt.CHECKPOINT_FILES if (out_dir / n).exists()]
         if left:
             raise ValueError(
                 f"train.out_dir={str(out_dir)!r} holds checkpoint files {left} but no complete checkpoint, so "
@@ -333,12 +281,12 @@ def _resume_dir(tc: TrainConfig, out_dir: Path) -> Path | None:
     path = Path(tc.resume)
     if ckpt.find_checkpoint(path) is None:
         raise FileNotFoundError(f"train.resume={tc.resume!r}: no complete checkpoint there (expected "
-                                f"{ckpt.MARKER_FILE} and the files it lists)")
+                                f"{rundir.MARKER_FILE} and the files it lists)")
     return path
 
 
 def _check_same_model(run_dir: Path, run_cfg: RunConfig) -> None:
-    saved = load_config(run_dir / ckpt.CONFIG_FILE).model
+    saved = rundir.read_run_config(run_dir).model
     if saved != run_cfg.model:
         a, b = saved.to_dict(), run_cfg.model.to_dict()
         diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}

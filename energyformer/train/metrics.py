@@ -1,7 +1,8 @@
 """Training logs: ``metrics.jsonl`` (one JSON object per log line) and optional TensorBoard.
 
 Each record has at least ``step``, ``train_loss``, ``lr``, ``tokens_per_s``; evaluation steps add
-``val_loss`` (and ``train_loss_eval``, the loss on ``eval_iters`` training batches).
+``val_loss`` (and ``train_loss_eval``, the loss on ``eval_iters`` training batches). The
+reader, ``read_metrics``, lives with the other run-directory readers in ``energyformer.runs``.
 """
 from __future__ import annotations
 
@@ -11,25 +12,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from energyformer.train.checkpoint import atomic_write_text
-
-METRICS_FILE = "metrics.jsonl"
-
-
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """All records of ``run_dir/metrics.jsonl`` (an empty list if there is none)."""
-    path = Path(run_dir) / METRICS_FILE
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        line = line.strip()
-        if line:
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut short by a crash
-                continue
-    return records
+from energyformer.runs.rundir import METRICS_FILE, read_metrics
+from energyformer.utils.io import atomic_write_text
 
 
 class MetricsLogger:

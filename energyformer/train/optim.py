@@ -18,7 +18,7 @@ import math
 import torch
 import torch.nn as nn
 
-from energyformer.train.config import TrainConfig
+from energyformer.runs.config import TrainConfig
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:

@@ -1,1 +1,2 @@
-"""Helpers with no energyformer dependencies: atomic file writes (``io``) and devices (``device``)."""
+"""Helpers with no energyformer dependencies (the bottom floor): atomic file writes (``io``),
+devices (``device``) and small name → object registries (``registry``)."""

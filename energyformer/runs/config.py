@@ -1,0 +1,480 @@
+"""Run configuration: typed dataclasses, YAML recipes and ``--section.key value`` overrides.
+
+A run is described by three sections::
+
+    model:   fields of the arch's config dataclass (chosen by ``model.arch`` via the registry)
+    data:    DataConfig   (which prepared dataset to read)
+    train:   TrainConfig  (optimizer, schedule, evaluation, checkpointing, device)
+
+:func:`load_config` reads a recipe (following ``base:`` inheritance, see
+:mod:`energyformer.runs.recipe`), applies command-line overrides, and hands the result to a
+`jsonargparse <https://jsonargparse.readthedocs.io>`_ parser built from the three dataclasses,
+which checks and converts every value against the field's type annotation. The ``model``
+section is polymorphic: ``model.arch`` is read first (recipe, then the ``--model.arch``
+override), and the parser is built for that arch's config class
+(``energyformer.models.registry.get_arch``). The dataclasses then validate values in
+``__post_init__``. Every error is a one-line ``ValueError`` naming the key and what was
+expected; unknown keys get a "did you mean" hint. Renamed model keys are upgraded with the
+config class's ``upgrade_dict`` (a ``FutureWarning`` names the old and the new key).
+
+:func:`save_config` writes the resolved config (no ``base:``, every value explicit), which
+``load_config`` reads back equal.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import re
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+from energyformer._validate import check_choice, check_float, check_int
+from energyformer.models.base import ModelConfig
+from energyformer.models.registry import ARCHS, get_arch
+from energyformer.runs.recipe import deep_merge, read_recipe
+from energyformer.utils.io import atomic_write_text
+
+SECTIONS = ("model", "data", "train")
+LR_SCHEDULES = ("cosine", "exponential", "constant")
+DTYPES = ("float32", "bfloat16")
+DEFAULT_OUT_DIR = "out/run"  # when there is no recipe file to name the run after
+
+
+def _check_nonempty_str(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{name}={value!r} must be a non-empty string")
+    return value
+
+
+@dataclass
+class DataConfig:
+    """Which prepared dataset to train on.
+
+    The data lives in ``data_dir`` if given, else in ``root/dataset`` (``train.bin``, ``val.bin``,
+    ``meta.json``; see ``energyformer.data``). ``data_dir`` stays ``None`` in saved configs so that
+    overriding ``data.dataset`` or ``data.root`` keeps working; use :attr:`path` for the directory.
+
+    Args:
+        dataset: name of the prepared dataset folder under ``root``.
+        root: parent folder of prepared datasets (relative to the working directory).
+        data_dir: the data directory itself; overrides ``root/dataset``.
+
+    Raises:
+        ValueError: an empty string.
+    """
+
+    dataset: str = "shakespeare_char"
+    root: str = "data"
+    data_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_nonempty_str("data.dataset", self.dataset)
+        _check_nonempty_str("data.root", self.root)
+        if self.data_dir is not None:
+            _check_nonempty_str("data.data_dir", self.data_dir)
+
+    @property
+    def path(self) -> Path:
+        """The data directory: ``data_dir`` or ``root/dataset``."""
+        return Path(self.data_dir) if self.data_dir is not None else Path(self.root) / self.dataset
+
+
+@dataclass
+class TrainConfig:
+    """Optimization, evaluation, checkpointing and device options.
+
+    Defaults follow nanoGPT's Shakespeare-char recipe and the NRGPT reference code: AdamW with
+    beta2 0.99, weight decay 0.1 on >= 2-D parameters, grad clip 1.0, linear warmup then cosine
+    decay to ``min_lr`` (``lr_schedule="exponential"`` gives the NRGPT scripts' exponential decay).
+
+    ``None`` defaults are resolved here: ``min_lr`` → ``learning_rate / 10``, ``lr_decay_steps`` →
+    ``max_steps``, ``ckpt_interval`` → ``eval_interval``. ``compile=None`` means "on for CUDA, off
+    otherwise" and ``device="auto"`` means CUDA when available, else CPU; both are decided when
+    training starts. ``resume`` is ``"auto"`` (continue from a complete checkpoint in ``out_dir``
+    if there is one), ``"never"`` (start fresh, overwriting) or the path of a run directory to
+    continue from. ``grad_clip=0`` disables clipping. ``out_dir`` defaults to
+    ``out/<recipe file name>`` when the config comes from a recipe file (see :func:`load_config`).
+
+    Args:
+        out_dir: the run directory (checkpoints, logs, resolved config).
+        max_steps: optimizer steps in all (a resumed run continues up to this step).
+        batch_size: sequences per micro-batch.
+        grad_accum_steps: micro-batches per optimizer step.
+        learning_rate: peak learning rate after warmup.
+        min_lr: learning rate at the end of the decay (default ``learning_rate / 10``).
+        lr_schedule: ``"cosine"``, ``"exponential"`` or ``"constant"``.
+        warmup_steps: linear warmup steps.
+        lr_decay_steps: step at which the decay reaches ``min_lr`` (default ``max_steps``).
+        weight_decay: AdamW weight decay on matrices.
+        beta1: AdamW beta1.
+        beta2: AdamW beta2.
+        grad_clip: gradient-norm clipping threshold; 0 disables it.
+        eval_interval: steps between evaluations.
+        eval_iters: batches per split in an evaluation.
+        log_interval: steps between log lines.
+        ckpt_interval: steps between checkpoints (default ``eval_interval``).
+        seed: seed of every RNG.
+        resume: ``"auto"``, ``"never"`` or a run directory to continue from.
+        device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``.
+        dtype: ``"float32"`` or ``"bfloat16"`` (autocast).
+        compile: ``torch.compile`` the model; null = on for CUDA only.
+        num_threads: CPU threads for torch; null = torch's default.
+        tensorboard: also write TensorBoard logs to ``out_dir/tb``.
+
+    Raises:
+        ValueError: any value out of range or of the wrong type, naming the option.
+    """
+
+    out_dir: str = DEFAULT_OUT_DIR
+    max_steps: int = 2000
+    batch_size: int = 32
+    grad_accum_steps: int = 1
+    learning_rate: float = 1e-3
+    min_lr: float | None = None
+    lr_schedule: str = "cosine"
+    warmup_steps: int = 100
+    lr_decay_steps: int | None = None
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0
+    eval_interval: int = 250
+    eval_iters: int = 20
+    log_interval: int = 10
+    ckpt_interval: int | None = None
+    seed: int = 1337
+    resume: str = "auto"
+    device: str = "auto"
+    dtype: str = "float32"
+    compile: bool | None = None
+    num_threads: int | None = None
+    tensorboard: bool = False
+
+    def __post_init__(self) -> None:
+        _check_nonempty_str("train.out_dir", self.out_dir)
+        check_int("train.max_steps", self.max_steps, 0)
+        check_int("train.batch_size", self.batch_size, 1)
+        check_int("train.grad_accum_steps", self.grad_accum_steps, 1)
+        check_float("train.learning_rate", self.learning_rate, 0.0, strict=True)
+        if self.min_lr is None:
+            self.min_lr = self.learning_rate / 10
+        check_float("train.min_lr", self.min_lr, 0.0, maximum=self.learning_rate)
+        check_choice("train.lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        if self.lr_schedule == "exponential" and self.min_lr <= 0:
+            raise ValueError("train.min_lr must be > 0 with train.lr_schedule='exponential'")
+        check_int("train.warmup_steps", self.warmup_steps, 0)
+        if self.lr_decay_steps is None:
+            self.lr_decay_steps = self.max_steps
+        # lr_decay_steps < warmup_steps is allowed (short test runs): lr_at then warms up and
+        # jumps to min_lr after warmup
+        check_int("train.lr_decay_steps", self.lr_decay_steps, 0)
+        check_float("train.weight_decay", self.weight_decay, 0.0)
+        check_float("train.beta1", self.beta1, 0.0, maximum=0.999999)
+        check_float("train.beta2", self.beta2, 0.0, maximum=0.999999)
+        check_float("train.grad_clip", self.grad_clip, 0.0)
+        check_int("train.eval_interval", self.eval_interval, 1)
+        check_int("train.eval_iters", self.eval_iters, 1)
+        check_int("train.log_interval", self.log_interval, 1)
+        if self.ckpt_interval is None:
+            self.ckpt_interval = self.eval_interval
+        check_int("train.ckpt_interval", self.ckpt_interval, 1)
+        check_int("train.seed", self.seed, 0)
+        _check_nonempty_str("train.resume", self.resume)
+        _check_device(self.device)
+        check_choice("train.dtype", self.dtype, DTYPES)
+        if self.compile is not None and not isinstance(self.compile, bool):
+            raise ValueError(f"train.compile={self.compile!r} must be true, false or null (auto)")
+        if self.num_threads is not None:
+            check_int("train.num_threads", self.num_threads, 1)
+        if not isinstance(self.tensorboard, bool):
+            raise ValueError(f"train.tensorboard={self.tensorboard!r} must be true or false")
+
+    @property
+    def sequences_per_step(self) -> int:
+        """Sequences per optimizer step: ``batch_size * grad_accum_steps``."""
+        return self.batch_size * self.grad_accum_steps
+
+
+def _check_device(device: Any) -> str:
+    _check_nonempty_str("train.device", device)
+    kind = device.split(":", 1)[0]
+    check_choice("train.device", kind, ("auto", "cpu", "cuda", "mps"))
+    if ":" in device:
+        index = device.split(":", 1)[1]
+        if kind in ("auto", "cpu") or not index.isdigit():
+            raise ValueError(f"train.device={device!r} is not valid; expected 'auto', 'cpu', 'cuda', "
+                             "'cuda:N' or 'mps'")
+    return device
+
+
+@dataclass
+class RunConfig:
+    """A full run: ``model`` (the arch's ModelConfig), ``data`` and ``train`` sections."""
+
+    model: ModelConfig
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict (lists instead of tuples) in the recipe layout."""
+        return _plain({"model": self.model.to_dict(), "data": dataclasses.asdict(self.data),
+                       "train": dataclasses.asdict(self.train)})
+
+
+# --------------------------------------------------------------------------------------------
+# loading
+# --------------------------------------------------------------------------------------------
+
+def load_config(path_or_dict: str | Path | Mapping[str, Any], overrides: Sequence[str] = (),
+                resolve_vocab: bool = False, default_vocab_size: int | None = None) -> RunConfig:
+    """Build a :class:`RunConfig` from a YAML recipe (or dict) plus command-line overrides.
+
+    Args:
+        path_or_dict: path of a YAML recipe with ``model``/``data``/``train`` sections (and
+            optionally ``base: other.yaml``), or the dict itself. A recipe file that does not
+            set ``train.out_dir`` gets ``out/<file stem>``; a dict gets ``out/run``.
+        overrides: CLI tokens such as ``["--train.max_steps", "2000", "--model.n_steps=6"]``
+            (``--k v`` or ``--k=v``; ``-`` and ``_`` in key names are the same; a boolean key
+            alone means true). Values are read as jsonargparse reads command-line values:
+            ``1e-3`` is a float for a float field, ``true``/``false`` booleans, ``null`` (and,
+            for optional fields, ``none``) is None.
+        resolve_vocab: when ``model.vocab_size`` is not given, read it from ``meta.json`` in the
+            data directory (``energyformer.data.load_meta``).
+        default_vocab_size: with ``resolve_vocab``, the vocab size to use when that ``meta.json``
+            does not exist (e.g. to inspect a recipe before the data is prepared); ``None`` makes
+            a missing ``meta.json`` an error.
+
+    Returns:
+        the validated run config (every ``None`` default that depends on other fields resolved).
+
+    Raises:
+        FileNotFoundError: the recipe file (or a base recipe) or, with ``resolve_vocab``, the
+            data meta.json is missing.
+        ValueError: one line naming the key: malformed YAML or override, an inheritance cycle,
+            unknown section/key (with the valid ones and a "did you mean"), a value of the wrong
+            type (with the expected type) or an invalid value (from the dataclass).
+    """
+    raw, stem = _read_raw(path_or_dict)
+    raw = _with_overrides(raw, overrides)
+    if stem is not None and "out_dir" not in raw["train"]:
+        raw["train"]["out_dir"] = f"out/{stem}"
+
+    model_raw = dict(raw["model"])
+    if "arch" not in model_raw:
+        raise ValueError(f"the model section needs an 'arch' key, one of {sorted(ARCHS)}")
+    arch = model_raw.pop("arch")
+    if not isinstance(arch, str) or arch not in ARCHS:
+        raise ValueError(f"model.arch={arch!r} is not valid; expected one of {sorted(ARCHS)}")
+    _, cfg_cls = get_arch(arch)
+    upgrade = getattr(cfg_cls, "upgrade_dict", None)
+    if upgrade is not None:
+        model_raw = upgrade(model_raw)
+    raw["model"] = model_raw
+
+    classes = {"model": cfg_cls, "data": DataConfig, "train": TrainConfig}
+    for section, cls in classes.items():
+        raw[section] = _check_section(cls, raw[section], section)
+
+    parser = run_config_parser(cfg_cls)
+    ns = _parse(parser, raw, classes)
+    if resolve_vocab and raw["model"].get("vocab_size") is None:
+        data = DataConfig(**ns.data.as_dict())
+        ns.model.vocab_size = _vocab_from_meta(data.path, default_vocab_size)
+    init = parser.instantiate(ns)
+    return RunConfig(model=init.model, data=init.data, train=init.train)
+
+
+def save_config(run_cfg: RunConfig, path: str | Path) -> Path:
+    """Write the resolved config as YAML (atomically); ``load_config(path)`` reads it back equal."""
+    text = yaml.safe_dump(run_cfg.to_dict(), sort_keys=False, default_flow_style=False)
+    return atomic_write_text(Path(path), text)
+
+
+def run_config_parser(model_config_cls: type[ModelConfig]):
+    """The jsonargparse parser of a run whose model section is ``model_config_cls``.
+
+    Its help (``format_help()``) lists every ``--model.*``, ``--data.*`` and ``--train.*`` key
+    with its type and default; ``energyformer train RECIPE --help`` prints it.
+    """
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(prog=f"run config (model.arch={model_config_cls.arch})", exit_on_error=False,
+                            description="Keys of a run recipe; override any with --section.key VALUE.")
+    parser.add_class_arguments(model_config_cls, "model", help=f"model ({model_config_cls.__name__})")
+    parser.add_class_arguments(DataConfig, "data", help="data (DataConfig)")
+    parser.add_class_arguments(TrainConfig, "train", help="train (TrainConfig)")
+    return parser
+
+
+def _read_raw(path_or_dict: str | Path | Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """``(recipe with bases merged, file stem or None)``, every section present as a dict."""
+    if isinstance(path_or_dict, Mapping):
+        raw, stem = dict(path_or_dict), None
+        if "base" in raw:  # a dict may extend a recipe file too (relative to the working directory)
+            base = read_recipe(raw.pop("base"))
+            raw = deep_merge(base, {k: ({} if v is None else v) for k, v in raw.items()})
+    elif isinstance(path_or_dict, (str, Path)):
+        raw, stem = read_recipe(path_or_dict), Path(path_or_dict).stem
+    else:
+        raise ValueError(f"load_config expects a YAML path or a dict, got {type(path_or_dict).__name__}")
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise ValueError(f"unknown config section(s) {unknown}; expected some of {list(SECTIONS)} "
+                         "(and base)")
+    out = {}
+    for section in SECTIONS:
+        value = raw.get(section)
+        if value is None:
+            value = {}
+        if not isinstance(value, Mapping):
+            raise ValueError(f"config section {section!r} must be a mapping of keys to values, got {value!r}")
+        out[section] = dict(value)
+    return out, stem
+
+
+class _Flag:
+    """An override given without a value (``--train.tensorboard``): true for a boolean key."""
+
+    def __repr__(self) -> str:
+        return "(no value)"
+
+
+_FLAG = _Flag()
+
+
+def _with_overrides(raw: dict[str, Any], tokens: Sequence[str]) -> dict[str, Any]:
+    """Put ``--section.key value`` / ``--section.key=value`` tokens into ``raw`` (later ones win).
+
+    Values stay strings here; the run-config parser converts them by the field's type.
+    """
+    tokens = list(tokens)
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if not isinstance(tok, str) or not tok.startswith("--"):
+            raise ValueError(f"unexpected argument {tok!r}; overrides look like --train.max_steps 2000 "
+                             "or --model.n_steps=6")
+        body = tok[2:]
+        if "=" in body:
+            key, value = body.split("=", 1)
+            i += 1
+        elif i + 1 < len(tokens) and not _is_flag(tokens[i + 1]):
+            key, value = body, tokens[i + 1]
+            i += 2
+        else:
+            key, value = body, _FLAG
+            i += 1
+        parts = key.replace("-", "_").split(".")
+        if len(parts) != 2 or not all(parts):
+            raise ValueError(f"override --{key} must name a section and a key, like --train.max_steps; "
+                             f"sections are {list(SECTIONS)}")
+        section, name = parts
+        if section not in SECTIONS:
+            raise ValueError(f"unknown config section {section!r} in override --{key}; "
+                             f"expected one of {list(SECTIONS)}")
+        raw[section][name] = value
+    return raw
+
+
+def _is_flag(token: str) -> bool:
+    """``--x`` is the next option; ``-1``, ``-1e-3`` and ``-`` are values."""
+    return token.startswith("--")
+
+
+def _check_section(cls: type, values: Mapping[str, Any], section: str) -> dict[str, Any]:
+    """Reject unknown keys (with a hint); turn flags into true and ``none`` into None."""
+    hints = typing.get_type_hints(cls)
+    valid = [f.name for f in fields(cls) if f.init]
+    out = {}
+    for key, value in values.items():
+        if key not in valid:
+            shown = valid + ["arch"] if section == "model" else valid
+            close = difflib.get_close_matches(str(key), shown, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            what = f"for arch {getattr(cls, 'arch', '')!r}" if section == "model" else f"in section {section!r}"
+            raise ValueError(f"unknown config key '{section}.{key}'{hint} {what}; valid keys: {sorted(shown)}")
+        optional = type(None) in typing.get_args(hints[key])
+        if value is _FLAG:
+            if bool not in (hints[key], *typing.get_args(hints[key])):
+                raise ValueError(f"override --{section}.{key} needs a value ({type_name(hints[key])})")
+            value = True
+        elif optional and isinstance(value, str) and value.strip().lower() == "none":
+            value = None  # `--model.rope none`; for str options "none" and None mean the same
+        out[key] = value
+    return out
+
+
+def _parse(parser: Any, raw: dict[str, Any], classes: dict[str, type]) -> Any:
+    """``parser.parse_object(raw)``; a type error becomes one line naming the key and the type."""
+    from jsonargparse import ArgumentError
+
+    try:
+        return parser.parse_object(raw)
+    except ArgumentError as e:
+        raise ValueError(_one_line_type_error(str(e), raw, classes)) from None
+
+
+def _one_line_type_error(message: str, raw: dict[str, Any], classes: dict[str, type]) -> str:
+    match = re.search(r'Parser key "(\w+)\.(\w+)"', message)
+    if match:
+        section, key = match.groups()
+        hint = typing.get_type_hints(classes[section]).get(key)
+        if hint is not None and key in raw.get(section, {}):
+            return f"{section}.{key}={raw[section][key]!r} must be {type_name(hint)}"
+    return " ".join(message.split())
+
+
+def type_name(tp: Any) -> str:
+    """``int | None`` → ``"an integer or null"``: how a type reads in an error message."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return " or ".join(type_name(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) in (list, tuple):
+        return "a list like [1, 2]"
+    return {int: "an integer", float: "a number", bool: "a boolean (true/false)", str: "a string",
+            type(None): "null"}.get(tp, str(tp))
+
+
+def _vocab_from_meta(data_dir: Path, default: int | None) -> int:
+    from energyformer.data import load_meta
+
+    try:
+        meta = load_meta(data_dir)
+    except FileNotFoundError:
+        if default is not None:
+            return default
+        raise FileNotFoundError(
+            f"model.vocab_size is not set and {str(data_dir / 'meta.json')!r} does not exist; prepare the "
+            "data first (energyformer prepare <dataset>) or pass --model.vocab_size N") from None
+    return check_int(f"vocab_size in {data_dir / 'meta.json'}", meta["vocab_size"], 1)
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+def build_model_from_recipe(path: str | Path, **overrides: Any):
+    """A freshly initialized model from a YAML recipe's ``model`` section.
+
+    ``overrides`` replace model fields (``vocab_size=65, n_steps=6``). Without ``vocab_size``
+    in the recipe or the overrides, it is read from the recipe's data ``meta.json``
+    (``data.root`` is relative to the working directory).
+
+    Raises:
+        FileNotFoundError: the recipe does not exist, or its data ``meta.json`` is needed and
+            missing (the message says to pass ``vocab_size``).
+        ValueError: unknown keys or invalid values (one line naming the key).
+    """
+    from energyformer.models.registry import build_model
+
+    tokens = [t for k, v in overrides.items() for t in (f"--model.{k}", v if isinstance(v, str) else json.dumps(v))]
+    return build_model(load_config(path, tokens, resolve_vocab=True).model)

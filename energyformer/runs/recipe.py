@@ -1,0 +1,90 @@
+"""Reading YAML recipes, with inheritance.
+
+A recipe may name another one it extends::
+
+    # configs/shakespeare_char/cem_t2.yaml
+    base: cem.yaml          # relative to this file; chains allowed
+    model:
+      n_steps: 2
+
+:func:`read_recipe` loads the chain base-first and merges it deeply: mappings are merged key by
+key and the child's value wins everywhere else (also a ``null``: ``rope: null`` turns RoPE off
+in a child of a recipe that sets ``rope: exact``). An empty section (``train:``) counts as
+``{}``. The result has no ``base`` key.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+BASE_KEY = "base"
+
+
+def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """The top-level mapping of a YAML file (``{}`` for an empty file).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist (or is a directory).
+        ValueError: invalid YAML, or the top level is not a mapping.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {str(path)!r} does not exist"
+                                + (" (it is a directory)" if path.is_dir() else ""))
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        detail = " ".join(str(e).split())
+        raise ValueError(f"config file {str(path)!r} is not valid YAML: {detail}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"config file {str(path)!r} must hold a mapping with sections model, data, "
+                         f"train, got {type(raw).__name__}")
+    return raw
+
+
+def deep_merge(base: Mapping[str, Any], child: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` updated by ``child``: nested mappings merged, any other child value wins."""
+    out = dict(base)
+    for key, value in child.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_recipe(path: str | Path) -> dict[str, Any]:
+    """The recipe at ``path`` merged over the recipes it extends (``base:``), without ``base``.
+
+    Raises:
+        FileNotFoundError: the recipe or a base recipe does not exist (the message names the
+            recipe that refers to it).
+        ValueError: invalid YAML, a ``base`` that is not a file name, or an inheritance cycle
+            (the message lists the chain).
+    """
+    return _read_chain(Path(path), [])
+
+
+def _read_chain(path: Path, chain: list[Path]) -> dict[str, Any]:
+    key = path.resolve()
+    if key in chain:
+        names = " -> ".join(str(p.name) for p in chain[chain.index(key):] + [key])
+        raise ValueError(f"recipe inheritance cycle: {names}; a recipe cannot extend itself")
+    raw = read_yaml_mapping(path)
+    for section, value in list(raw.items()):
+        if value is None and section != BASE_KEY:
+            raw[section] = {}
+    base = raw.pop(BASE_KEY, None)
+    if base is None:
+        return raw
+    if not isinstance(base, str) or not base.strip():
+        raise ValueError(f"base={base!r} in {str(path)!r} must be the file name of another recipe "
+                         "(relative to this one), e.g. base: cem.yaml")
+    base_path = path.parent / base
+    if not base_path.is_file():
+        raise FileNotFoundError(f"base recipe {str(base_path)!r} (base: {base} in {str(path)!r}) does not exist")
+    return deep_merge(_read_chain(base_path, chain + [key]), raw)
