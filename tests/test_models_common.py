@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from energyformer import build_model
+from energyformer.layers.trace import tracing
 from energyformer.models import ARCHS
 
 V, BLOCK = 23, 16
@@ -89,6 +90,30 @@ def test_bad_input_is_a_clear_error(arch, kw):
         model.generate(torch.zeros(1, 2, dtype=torch.long), max_new_tokens=-1)
     with pytest.raises(ValueError, match="temperature"):
         model.generate(torch.zeros(1, 2, dtype=torch.long), max_new_tokens=1, temperature=-0.5)
+
+
+ENERGY_ARCHS = {"nrgpt", "cem"}
+
+
+@pytest.mark.parametrize("arch,kw", CASES, ids=IDS)
+def test_tracing_keeps_the_return_pair_or_refuses(arch, kw):
+    """Energy models record a trace and still return ``(logits, loss)``; the others cannot be traced."""
+    model = make(arch, kw)
+    idx = torch.randint(0, V, (2, 7), generator=torch.Generator().manual_seed(3))
+    if arch not in ENERGY_ARCHS:
+        for open_trace in (model.trace, lambda: tracing(model)):
+            with pytest.raises(ValueError, match="no energy layers to trace"):
+                with open_trace():
+                    pass
+        return
+    with torch.no_grad():
+        plain = model(idx, targets=idx)
+        with model.trace() as trace:
+            out = model(idx, targets=idx)
+            assert len(model(idx)) == 2
+    assert len(out) == 2 and len(trace.records) > 0
+    torch.testing.assert_close(out[0], plain[0], rtol=0, atol=0)
+    torch.testing.assert_close(out[1], plain[1], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))

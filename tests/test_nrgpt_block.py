@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from energyformer.energies import nrgpt as E
-from energyformer.layers.nrgpt import STEP_SIZES, NRGPTBlock
+from energyformer.layers.nrgpt import NRGPTBlock
+from energyformer.layers.step_maps import STEP_MAPS
 from energyformer.models.nrgpt import NRGPT, NRGPTConfig
 
 D = 8
@@ -47,12 +48,12 @@ def autograd_step(blk, x, scale=None):
     """x − κ η (∂E_AT/∂g + s_ff ∂E_FF/∂g) with both partial gradients from torch.autograd on the energies."""
     g = blk.normalize(x).detach()
     gq = g.clone().requires_grad_(True)
-    if blk.attention == "full":
-        e_attn = E.attention_energy(gq, blk.J, blk.alpha, blk.beta, blk.mask, context=g)
+    if blk.attention.name == "full":
+        e_attn = E.attention_energy(gq, blk.attention.J, blk.alpha, blk.beta, blk.mask, context=g)
     else:
-        e_attn = E.attention_energy_factored(gq, *blk._qk(), blk.alpha, blk.beta, blk.mask, context=g)
-    energy = {"ff1": E.ff1_energy, "ff2w": E.ff2w_energy, "ff2": E.ff2_energy}[blk.ff]
-    e_ff = energy(gq, *blk._ff_weights())
+        e_attn = E.attention_energy_factored(gq, *blk.attention._qk(), blk.alpha, blk.beta, blk.mask, context=g)
+    energy = {"ff1": E.ff1_energy, "ff2w": E.ff2w_energy, "ff2": E.ff2_energy}[blk.ff.name]
+    e_ff = energy(gq, *blk.ff.weights())
     (ga,) = torch.autograd.grad(e_attn.sum(), gq)
     (gf,) = torch.autograd.grad(e_ff.sum(), gq)
     force = ga + blk.ff_scale * gf
@@ -66,15 +67,16 @@ def autograd_step(blk, x, scale=None):
 def test_block_step_matches_autograd_all_options(attention, ff, mask):
     torch.manual_seed(0)
     x = 1.5 * torch.randn(2, 7, D, dtype=torch.float64)
-    for step_size, norm in itertools.product(STEP_SIZES, NORMS):
-        if step_size == "c_diag_gamma" and norm is None:
+    for eta_param, norm in itertools.product(STEP_MAPS.names(), NORMS):
+        if eta_param == "c_diag_gamma" and norm is None:
             continue
-        blk = make_block(attention=attention, ff=ff, mask=mask, step_size=step_size, norm=norm, c_init=0.3)
+        blk = make_block(attention=attention, ff=ff, mask=mask, eta_param=eta_param, norm=norm, c_init=0.3,
+                         eta_rank=3)
         with torch.no_grad():
             out = blk(x)
             out_k = blk(x, scale=0.7)
         ref = autograd_step(blk, x)
-        torch.testing.assert_close(out, ref, atol=ATOL, rtol=0, msg=f"{step_size} {norm}")
+        torch.testing.assert_close(out, ref, atol=ATOL, rtol=0, msg=f"{eta_param} {norm}")
         torch.testing.assert_close(out_k, autograd_step(blk, x, scale=0.7), atol=ATOL, rtol=0)
         assert (out - x).abs().max() > 1e-4
 
@@ -95,20 +97,20 @@ def test_block_step_matches_autograd_shapes(H, N):
 @pytest.mark.parametrize("norm", NORMS)
 def test_eta_forms(norm):
     v = torch.randn(2, 3, D, dtype=torch.float64)
-    for step_size in STEP_SIZES:
-        if step_size == "c_diag_gamma" and norm is None:
+    for eta_param in STEP_MAPS.names():
+        if eta_param == "c_diag_gamma" and norm is None:
             continue
-        blk = make_block(step_size=step_size, norm=norm, c_init=0.25)
+        blk = make_block(eta_param=eta_param, norm=norm, c_init=0.25, eta_rank=3)
         eta = blk.eta_matrix()
         torch.testing.assert_close(blk.apply_eta(v), v @ eta.T, atol=1e-12, rtol=0)
-        if step_size == "c_identity":
+        if eta_param == "c_identity":
             torch.testing.assert_close(eta, 0.25 * torch.eye(D, dtype=torch.float64))
-        if step_size == "c_diag_gamma":
+        if eta_param == "c_diag_gamma":
             torch.testing.assert_close(eta, torch.diag(0.25 * blk.norm.weight.detach()))
-        if step_size == "psd_plus_skew":
+        if eta_param == "psd_plus_skew":
             sym = (eta + eta.T) / 2
             assert torch.linalg.eigvalsh(sym).min() >= -1e-12
-            torch.testing.assert_close((eta - eta.T) / 2, blk.eta_S - blk.eta_S.T)
+            torch.testing.assert_close((eta - eta.T) / 2, blk.eta.S - blk.eta.S.T)
 
 
 @pytest.mark.parametrize("attention", ["full", "factored"])
@@ -120,8 +122,8 @@ def test_block_is_causal(attention, mask, ff):
     x = torch.randn(2, N, D, dtype=torch.float64)
     x2 = x.clone()
     x2[:, i + 1:] = torch.randn(2, N - i - 1, D, dtype=torch.float64)
-    for step_size, norm in [("full", "layernorm"), ("c_diag_gamma", "rmsnorm"), ("psd_plus_skew", None)]:
-        blk = make_block(attention=attention, mask=mask, ff=ff, step_size=step_size, norm=norm)
+    for eta_param, norm in [("full", "layernorm"), ("c_diag_gamma", "rmsnorm"), ("psd_plus_skew", None)]:
+        blk = make_block(attention=attention, mask=mask, ff=ff, eta_param=eta_param, norm=norm)
         with torch.no_grad():
             y, y2 = blk(x), blk(x2)
             e, e2 = blk.energy(x), blk.energy(x2)
@@ -137,24 +139,24 @@ def test_energy_terms_shapes_and_scale():
     e = blk.energy(x)
     assert set(e) == {"attn", "ff"} and e["attn"].shape == (3, 5) and e["ff"].shape == (3, 5)
     g = blk.normalize(x)
-    torch.testing.assert_close(e["ff"], blk.ff_scale * E.ff2w_energy(g, *blk._ff_weights()))
-    torch.testing.assert_close(e["attn"], E.attention_energy(g, blk.J, blk.alpha, blk.beta, "strict"))
+    torch.testing.assert_close(e["ff"], blk.ff_scale * E.ff2w_energy(g, *blk.ff.weights()))
+    torch.testing.assert_close(e["attn"], E.attention_energy(g, blk.attention.J, blk.alpha, blk.beta, "strict"))
     assert torch.equal(e["attn"][:, 0], torch.zeros(3, dtype=torch.float64))  # strict: token 0 has no context
 
 
 def test_parameters_by_option_and_gradients_reach_all():
     full = NRGPTBlock(16, 4)
-    assert full.J.shape == (4, 16, 16) and isinstance(full.alpha, torch.nn.Parameter)
-    assert full.beta == 1.0 and full.mask == "strict" and full.ff == "ff2w" and full.d_ff == 64
+    assert full.attention.J.shape == (4, 16, 16) and isinstance(full.alpha, torch.nn.Parameter)
+    assert full.beta == 1.0 and full.mask == "strict" and full.ff.name == "ff2w" and full.d_ff == 64
     fac = NRGPTBlock(16, 4, attention="factored")
-    assert fac.q_proj.weight.shape == (16, 16) and fac.k_proj.weight.shape == (16, 16)
-    assert not hasattr(fac, "J") and fac.beta == pytest.approx(0.5)
+    assert fac.attention.q_proj.weight.shape == (16, 16) and fac.attention.k_proj.weight.shape == (16, 16)
+    assert not hasattr(fac.attention, "J") and fac.beta == pytest.approx(0.5)
     fixed = NRGPTBlock(16, 4, learn_alpha=False, norm="layernorm_frozen")
     names = dict(fixed.named_parameters())
-    assert "alpha" not in names and "alpha" not in fixed.state_dict()
+    assert "attention.alpha" not in names and "attention.alpha" not in fixed.state_dict()
     assert not fixed.norm.weight.requires_grad
-    for kw in ({}, dict(attention="factored", ff="ff1"), dict(ff="ff2", step_size="c_diag_gamma"),
-               dict(step_size="psd_plus_skew", norm=None), dict(step_size="c_identity", norm="rmsnorm")):
+    for kw in ({}, dict(attention="factored", ff="ff1"), dict(ff="ff2", eta_param="c_diag_gamma"),
+               dict(eta_param="psd_plus_skew", norm=None), dict(eta_param="c_identity", norm="rmsnorm")):
         blk = make_block(**kw)
         x = torch.randn(2, 5, D, dtype=torch.float64)
         blk(blk(x)).pow(2).sum().backward()
@@ -180,14 +182,14 @@ def test_block_training_uses_no_autograd_of_energy(monkeypatch):
 def test_bad_options_raise():
     with pytest.raises(ValueError, match="n_heads"):
         NRGPTBlock(10, 4)
-    with pytest.raises(ValueError, match="c_init"):
-        NRGPTBlock(8, 2, step_size="c_identity", c_init=0.0)
-    with pytest.raises(ValueError, match="c_init"):
+    with pytest.raises(ValueError, match="c_init=0.0 must be a finite number > 0 for step map 'c_identity'"):
+        NRGPTBlock(8, 2, eta_param="c_identity", c_init=0.0)
+    with pytest.raises(ValueError, match="c_init=-1.0 must be a finite number >= 0 for step map 'full'"):
         NRGPTBlock(8, 2, c_init=-1.0)
     with pytest.raises(ValueError, match="c_diag_gamma"):
-        NRGPTBlock(8, 2, step_size="c_diag_gamma", norm=None)
+        NRGPTBlock(8, 2, eta_param="c_diag_gamma", norm=None)
     for kw, name in [(dict(attention="lowrank"), "attention"), (dict(mask="causal"), "mask"),
-                     (dict(ff="ff3"), "ff"), (dict(step_size="diag"), "step_size"),
+                     (dict(ff="ff3"), "ff"), (dict(eta_param="adam"), "eta_param='adam'"),
                      (dict(norm="batchnorm"), "norm"), (dict(beta=0.0), "beta"), (dict(dropout=1.0), "dropout")]:
         with pytest.raises(ValueError, match=name):
             NRGPTBlock(8, 2, **kw)
@@ -231,9 +233,9 @@ def reference_block(x, Hs, ln_bias, ff_kind, ff_params, proj_w, scale_ff, tril_p
 
 
 def _ref_args(blk):
-    ffp = tuple(p.detach() for p in blk._ff_weights())
-    Hs = [blk.J[h].detach().T for h in range(blk.n_heads)]  # reference H.weight = J_hᵀ
-    return Hs, blk.norm.bias.detach(), blk.ff, ffp, blk.eta_proj.weight.detach(), blk.ff_scale.detach()
+    ffp = tuple(p.detach() for p in blk.ff.weights())
+    Hs = [blk.attention.J[h].detach().T for h in range(blk.n_heads)]  # reference H.weight = J_hᵀ
+    return Hs, blk.norm.bias.detach(), blk.ff.name, ffp, blk.eta.proj.weight.detach(), blk.ff_scale.detach()
 
 
 @pytest.mark.parametrize("ff", ["ff1", "ff2w", "ff2"])
@@ -245,7 +247,7 @@ def test_reference_block_matches_plain_reimplementation(ff, task, N):
     randomize_(model, seed=3)
     blk = model.block
     assert blk.mask == ("inclusive" if task == "lm" else "strict")
-    assert "block.alpha" not in dict(model.named_parameters()) and blk.beta == 1.0
+    assert "block.attention.alpha" not in dict(model.named_parameters()) and blk.beta == 1.0
     x = 1.3 * torch.randn(2, N, D, dtype=torch.float64)
     with torch.no_grad():
         out = blk(x)

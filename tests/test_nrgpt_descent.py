@@ -35,22 +35,34 @@ SEEDS, BATCH = 32, 16
 
 
 
-def draw_block(seed, step_size, norm, c):
-    blk = NRGPTBlock(D, H, step_size=step_size, norm=norm, c_init=c, d_ff=M, mask="strict").double()
+# Parameter order of the draws (the generator is consumed in this order): the block's own tensors
+# (J, α, s_ff, η's c_raw or L, S) first, then the norm, the FF weights and η's Linear — the order
+# the draws were calibrated with, kept fixed now that J, α and η live in sub-modules.
+DRAW_FIRST = ("attention.J", "attention.alpha", "ff_scale", "eta.c_raw", "eta.L", "eta.S")
+
+
+def draw_order(blk):
+    params = dict(blk.named_parameters())
+    names = [n for n in DRAW_FIRST if n in params] + [n for n in params if n not in DRAW_FIRST]
+    return [(n, params[n]) for n in names]
+
+
+def draw_block(seed, eta_param, norm, c):
+    blk = NRGPTBlock(D, H, eta_param=eta_param, norm=norm, c_init=c, d_ff=M, mask="strict").double()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, p in blk.named_parameters():
-            if name == "c_raw":
+        for name, p in draw_order(blk):
+            if name == "eta.c_raw":
                 continue
-            if name in ("alpha", "ff_scale"):
+            if name in ("attention.alpha", "ff_scale"):
                 p.copy_(0.5 + torch.rand(p.shape, generator=gen, dtype=p.dtype))
             elif name == "norm.weight":  # γ: random size and sign, so diag(γ) matters
                 sign = torch.where(torch.rand(p.shape, generator=gen) < 0.5, -1.0, 1.0).to(p.dtype)
                 p.copy_(sign * (0.5 + torch.rand(p.shape, generator=gen, dtype=p.dtype)))
-            elif name == "eta_L":  # η₊ = L Lᵀ ≈ c·I, well conditioned (discrete steps need λ_min(η₊) ≫ ‖S−Sᵀ‖²)
+            elif name == "eta.L":  # η₊ = L Lᵀ ≈ c·I, well conditioned (discrete steps need λ_min(η₊) ≫ ‖S−Sᵀ‖²)
                 noise = 0.3 * torch.randn(p.shape, generator=gen, dtype=p.dtype) / math.sqrt(D)
                 p.copy_(math.sqrt(c) * (torch.eye(D, dtype=p.dtype) + noise))
-            elif name == "eta_S":
+            elif name == "eta.S":
                 p.copy_(0.5 * c * torch.randn(p.shape, generator=gen, dtype=p.dtype) / math.sqrt(D))
             else:
                 fan_in = p.shape[-1] if p.dim() > 1 else 4
@@ -61,8 +73,8 @@ def draw_block(seed, step_size, norm, c):
 
 def block_params(blk):
     """The block's parameters as plain tensors (η as a dense matrix), for the vectorized step."""
-    W1, b1, W2, b2 = (p.detach() for p in blk._ff_weights())
-    p = dict(J=blk.J.detach(), alpha=blk.alpha.detach(), s=blk.ff_scale.detach(),
+    W1, b1, W2, b2 = (p.detach() for p in blk.ff.weights())
+    p = dict(J=blk.attention.J.detach(), alpha=blk.alpha.detach(), s=blk.ff_scale.detach(),
              W1=W1, b1=b1, W2=W2, b2=b2, eta=blk.eta_matrix().detach())
     if blk.norm is not None:
         p["gamma"] = blk.norm.weight.detach()
@@ -71,8 +83,8 @@ def block_params(blk):
     return p
 
 
-def draw(step_size, norm, c, seeds=SEEDS):
-    pairs = [draw_block(s, step_size, norm, c) for s in range(seeds)]
+def draw(eta_param, norm, c, seeds=SEEDS):
+    pairs = [draw_block(s, eta_param, norm, c) for s in range(seeds)]
     params = [block_params(b) for b, _ in pairs]
     stacked = {k: torch.stack([p[k] for p in params]) for k in params[0]}
     return stacked, torch.stack([x for _, x in pairs]), pairs
@@ -119,10 +131,10 @@ def tol(Es):
     return 1e-12 * (1 + Es.abs().max())
 
 
-@pytest.mark.parametrize("step_size,norm", [("c_diag_gamma", "layernorm"), ("c_diag_gamma", "rmsnorm"),
+@pytest.mark.parametrize("eta_param,norm", [("c_diag_gamma", "layernorm"), ("c_diag_gamma", "rmsnorm"),
                                             ("full", "layernorm"), ("psd_plus_skew", None)])
-def test_pure_step_equals_block(step_size, norm):
-    P, X, pairs = draw(step_size, norm, 0.1, seeds=2)
+def test_pure_step_equals_block(eta_param, norm):
+    P, X, pairs = draw(eta_param, norm, 0.1, seeds=2)
     blk, x = pairs[1]
     with torch.no_grad():
         p1 = {k: v[1] for k, v in P.items()}

@@ -32,10 +32,17 @@ def tiny(seed=0, **kw):
     return model
 
 
+def traced(model, idx, targets=None, **kw):
+    """``model(idx, targets, **kw)`` under ``model.trace()``: ``(logits, loss, trace)``."""
+    with model.trace() as trace:
+        logits, loss = model(idx, targets, **kw)
+    return logits, loss, trace
+
+
 OPTIONS = [
     {}, dict(attention="factored"), dict(ff="ff1"), dict(ff="ff2"), dict(mask="inclusive"),
-    dict(step_size="c_diag_gamma"), dict(step_size="c_identity", norm="rmsnorm"),
-    dict(step_size="psd_plus_skew", norm=None), dict(norm="layernorm_frozen", per_step_scale=True),
+    dict(eta_param="c_diag_gamma"), dict(eta_param="c_identity", norm="rmsnorm"),
+    dict(eta_param="psd_plus_skew", norm=None), dict(norm="layernorm_frozen", per_step_scale=True),
     dict(preset="reference"), dict(preset="reference_listops", ff="ff1"), dict(learn_alpha=False, beta=0.5),
 ]
 
@@ -65,16 +72,17 @@ def test_causal_every_option_and_step_count(kw):
                 _, s2 = manual_forward(model, idx2, T)
                 for a, b in zip(s1, s2):  # every intermediate state
                     torch.testing.assert_close(a[:, :i + 1], b[:, :i + 1], atol=1e-12, rtol=0)
-                l1, _, e1 = model(idx, n_steps=T, return_energies=True)
-                l2, _, e2 = model(idx2, n_steps=T, return_energies=True)
+                l1, _, e1 = traced(model, idx, n_steps=T)
+                l2, _, e2 = traced(model, idx2, n_steps=T)
                 torch.testing.assert_close(l1[:, :i + 1], l2[:, :i + 1], atol=1e-12, rtol=0)
                 assert not torch.allclose(l1[:, i + 1:], l2[:, i + 1:])
-                torch.testing.assert_close(e1["total"][:, :, :i + 1], e2["total"][:, :, :i + 1], atol=1e-12, rtol=0)
+                torch.testing.assert_close(e1.energy("total")[:, :, :i + 1], e2.energy("total")[:, :, :i + 1],
+                                           atol=1e-12, rtol=0)
             # early stopping stays causal (token stopping decisions use positions <= itself only)
-            l1, _, e1 = model(idx, n_steps=6, stop_tol=1e-2, return_energies=True)
-            l2, _, e2 = model(idx2, n_steps=6, stop_tol=1e-2, return_energies=True)
+            l1, _, e1 = traced(model, idx, n_steps=6, stop_tol=1e-2)
+            l2, _, e2 = traced(model, idx2, n_steps=6, stop_tol=1e-2)
             torch.testing.assert_close(l1[:, :i + 1], l2[:, :i + 1], atol=1e-12, rtol=0)
-            assert torch.equal(e1["steps"][:, :i + 1], e2["steps"][:, :i + 1])
+            assert torch.equal(e1.steps_taken[:, :i + 1], e2.steps_taken[:, :i + 1])
 
 
 @pytest.mark.parametrize("kw", [{}, dict(per_step_scale=True, attention="factored")])
@@ -82,12 +90,14 @@ def test_energy_trace_matches_manual_loop(kw):
     model = tiny(**kw)
     idx = torch.randint(0, V, (3, 9), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        logits, loss, en = model(idx, idx, return_energies=True)
+        logits, loss, trace = traced(model, idx, idx)
         ref_logits, states = manual_forward(model, idx, 3)
     torch.testing.assert_close(logits, ref_logits, atol=1e-12, rtol=0)
-    assert set(en) == {"attn", "ff", "total", "steps"}
+    assert set(trace.terms()) == {"attn", "ff", "total"}
+    en = {k: trace.energy(k) for k in ("attn", "ff", "total")}
     assert en["attn"].shape == en["ff"].shape == en["total"].shape == (4, 3, 9)
-    assert torch.equal(en["steps"], torch.full((3, 9), 3))
+    # every token got all 3 updates: no stop_tol, so no per-token count; one record per state x⁰ … x³
+    assert trace.steps_taken is None and len(trace.records) - 1 == 3
     for t, x in enumerate(states):
         e = model.block.energy(x)
         torch.testing.assert_close(en["attn"][t], e["attn"], atol=1e-12, rtol=0)
@@ -104,8 +114,9 @@ def test_energies_cost_nothing_unless_asked(monkeypatch):
     idx = torch.randint(0, V, (2, 7))
     out = model(idx, idx)
     assert len(out) == 2 and calls == []
-    out = model(idx, return_energies=True)
-    assert len(out) == 3 and len(calls) == 4
+    with model.trace():
+        out = model(idx)
+    assert len(out) == 2 and len(calls) == 4
 
 
 def test_inference_time_scaling_n_steps_and_generate():
@@ -155,25 +166,25 @@ def reference_stop_rule(model, idx, T, tol):
 
 
 def test_early_stopping_rule():
-    model = tiny(step_size="c_diag_gamma", c_init=0.3)
+    model = tiny(eta_param="c_diag_gamma", c_init=0.3)
     idx = torch.randint(0, V, (3, 10), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         base, _ = model(idx, n_steps=12)
-        same, _, e0 = model(idx, n_steps=12, stop_tol=0.0, return_energies=True)  # |ΔE| < 0 never holds
+        same, _, e0 = traced(model, idx, n_steps=12, stop_tol=0.0)  # |ΔE| < 0 never holds
         torch.testing.assert_close(same, base, atol=0, rtol=0)
-        assert torch.equal(e0["steps"], torch.full((3, 10), 12))
+        assert torch.equal(e0.steps_taken, torch.full((3, 10), 12))
         # a huge tolerance freezes every token after its first update and ends the loop
-        one, _, e1 = model(idx, n_steps=12, stop_tol=1e9, return_energies=True)
+        one, _, e1 = traced(model, idx, n_steps=12, stop_tol=1e9)
         torch.testing.assert_close(one, model(idx, n_steps=1)[0], atol=0, rtol=0)
-        assert torch.equal(e1["steps"], torch.ones(3, 10, dtype=torch.long)) and e1["total"].shape[0] == 2
+        assert torch.equal(e1.steps_taken, torch.ones(3, 10, dtype=torch.long)) and e1.energy("total").shape[0] == 2
         # an intermediate tolerance: some tokens stop early, others run on; equals the plain rule
-        _, _, full = model(idx, n_steps=12, return_energies=True)
-        tol = float((full["total"][6] - full["total"][5]).abs().median())
-        logits, _, en = model(idx, n_steps=12, stop_tol=tol, return_energies=True)
+        _, _, full = traced(model, idx, n_steps=12)
+        tol = float((full.energy("total")[6] - full.energy("total")[5]).abs().median())
+        logits, _, en = traced(model, idx, n_steps=12, stop_tol=tol)
         ref_logits, ref_steps = reference_stop_rule(model, idx, 12, tol)
-    assert torch.equal(en["steps"], ref_steps)
+    assert torch.equal(en.steps_taken, ref_steps)
     torch.testing.assert_close(logits, ref_logits, atol=1e-12, rtol=0)
-    assert en["steps"].min() < 12 and en["steps"].float().mean() < 12  # fewer effective steps
+    assert en.steps_taken.min() < 12 and en.steps_taken.float().mean() < 12  # fewer effective steps
 
 
 def test_strict_mask_length_one_uses_ff_only():
@@ -181,18 +192,18 @@ def test_strict_mask_length_one_uses_ff_only():
     model = tiny()
     idx = torch.randint(0, V, (2, 1))
     with torch.no_grad():
-        logits, _, en = model(idx, return_energies=True)
+        logits, _, en = traced(model, idx)
         assert logits.shape == (2, 1, V) and torch.isfinite(logits).all()
-        assert torch.equal(en["attn"], torch.zeros_like(en["attn"]))
-        model.block.J.mul_(-3.0)  # attention weights cannot matter for position 0
+        assert torch.equal(en.energy("attn"), torch.zeros_like(en.energy("attn")))
+        model.block.attention.J.mul_(-3.0)  # attention weights cannot matter for position 0
         torch.testing.assert_close(model(idx)[0], logits, atol=0, rtol=0)
         longer = torch.cat([idx, torch.randint(0, V, (2, 6))], dim=1)
         torch.testing.assert_close(model(longer)[0][:, :1], logits, atol=1e-12, rtol=0)
     # ... but with the inclusive mask token 0 attends to itself
     inc = tiny(mask="inclusive")
     with torch.no_grad():
-        e = inc(idx, return_energies=True)[2]
-    assert e["attn"].abs().max() > 0
+        e = traced(inc, idx)[2]
+    assert e.energy("attn").abs().max() > 0
 
 
 def test_training_step_learns_and_uses_no_autograd_of_energy(monkeypatch):
@@ -224,14 +235,14 @@ def test_config_validation():
         NRGPTConfig(n_steps=0)
     with pytest.raises(ValueError, match="n_heads"):
         NRGPTConfig(d_model=10, n_heads=4)
-    with pytest.raises(ValueError, match="c_init"):
-        NRGPTConfig(step_size="c_diag_gamma", c_init=0.0)
-    with pytest.raises(ValueError, match="c_init"):
+    with pytest.raises(ValueError, match="c_init=0.0 must be a finite number > 0 for step map 'c_diag_gamma'"):
+        NRGPTConfig(eta_param="c_diag_gamma", c_init=0.0)
+    with pytest.raises(ValueError, match="c_init=-0.5 must be a finite number >= 0 for step map 'full'"):
         NRGPTConfig(c_init=-0.5)
     with pytest.raises(ValueError, match="c_diag_gamma"):
-        NRGPTConfig(step_size="c_diag_gamma", norm=None)
+        NRGPTConfig(eta_param="c_diag_gamma", norm=None)
     for kw, name in [(dict(ff="mlp"), "ff"), (dict(attention="sparse"), "attention"), (dict(mask="all"), "mask"),
-                     (dict(norm="batchnorm"), "norm"), (dict(step_size="adam"), "step_size"),
+                     (dict(norm="batchnorm"), "norm"), (dict(eta_param="adam"), "eta_param='adam'"),
                      (dict(preset="paper"), "preset"), (dict(beta=-1.0), "beta"), (dict(learn_alpha="yes"), "learn_alpha")]:
         with pytest.raises(ValueError, match=name):
             NRGPTConfig(**kw)
@@ -241,11 +252,11 @@ def test_config_validation():
 
 def test_presets_and_round_trip():
     d = NRGPTConfig()
-    assert (d.attention, d.mask, d.norm, d.learn_alpha, d.beta, d.step_size, d.ff, d.d_ff) == (
+    assert (d.attention, d.mask, d.norm, d.learn_alpha, d.beta, d.eta_param, d.ff, d.d_ff) == (
         "full", "strict", "layernorm", True, 1.0, "full", "ff2w", 512)
     assert NRGPTConfig(attention="factored", d_model=64, n_heads=4).beta == pytest.approx(0.25)
     ref = NRGPTConfig.reference()
-    assert (ref.mask, ref.norm, ref.learn_alpha, ref.beta, ref.attention, ref.step_size) == (
+    assert (ref.mask, ref.norm, ref.learn_alpha, ref.beta, ref.attention, ref.eta_param) == (
         "inclusive", "layernorm_frozen", False, 1.0, "full", "full")
     assert NRGPTConfig.reference("listops").mask == "strict"
     assert NRGPTConfig.reference(mask="strict").mask == "strict"  # explicit fields override the preset
@@ -253,9 +264,20 @@ def test_presets_and_round_trip():
     cfg = config_from_dict({"arch": "nrgpt", "preset": "reference", "d_model": 16, "n_heads": 2})
     assert cfg == NRGPTConfig.reference(d_model=16, n_heads=2)
     assert NRGPTConfig.from_dict(cfg.to_dict()) == cfg
-    assert NRGPTConfig.from_dict(NRGPTConfig(norm=None, step_size="psd_plus_skew").to_dict()).norm is None
+    assert NRGPTConfig.from_dict(NRGPTConfig(norm=None, eta_param="psd_plus_skew").to_dict()).norm is None
     model = build_model({"arch": "nrgpt", "preset": "reference", "d_model": 16, "n_heads": 2, "n_steps": 2})
     assert isinstance(model, NRGPT) and model.block.mask == "inclusive" and not model.block.norm.weight.requires_grad
+
+
+def test_old_step_size_key_maps_to_eta_param_with_warning():
+    """Recipes written before the rename: ``step_size`` is read as ``eta_param`` (FutureWarning)."""
+    with pytest.warns(FutureWarning, match=r"model\.step_size.*model\.eta_param"):
+        cfg = NRGPTConfig.from_dict({"arch": "nrgpt", "d_model": 16, "n_heads": 2, "step_size": "c_identity",
+                                     "c_init": 0.2})
+    assert cfg == NRGPTConfig(d_model=16, n_heads=2, eta_param="c_identity", c_init=0.2)
+    assert "step_size" not in cfg.to_dict() and cfg.to_dict()["eta_param"] == "c_identity"
+    with pytest.raises(ValueError, match="eta_param"):  # both spellings of one option
+        NRGPTConfig.from_dict({"step_size": "full", "eta_param": "full"})
 
 
 def _count(cfg):

@@ -171,10 +171,16 @@ class DiagPerHeadInteraction(Interaction):
 class DiagOnlyInteraction(DiagPerHeadInteraction):
     """Ablation: per-head diagonals only, ``A_k = diag(d_k)`` (no ``q_proj``/``k_proj``, no RoPE).
 
-    Per head, because one shared diagonal would make every head identical.
+    Per head, because one shared diagonal would make every head identical. The diagonals start at
+    ``N(0, 0.02²)``, not 0: with equal (zero) diagonals every head gets the same gradient and the
+    heads stay identical for ever (there is no low-rank term to break the symmetry).
     """
 
     has_lowrank = False
+    init_std: ClassVar[float] = 0.02
+
+    def _make_diag(self, d_model: int, n_heads: int) -> nn.Parameter:
+        return nn.Parameter(torch.randn(n_heads, d_model) * self.init_std)
 
 
 class MLPTie:

@@ -89,7 +89,7 @@ class NRGPTBlock(Traceable, nn.Module):
         check_float("dropout", dropout, 0.0, maximum=0.999)
         head_dim = d_model // n_heads if head_dim is None else check_int("head_dim", head_dim, 1)
         d_ff = 4 * d_model if d_ff is None else check_int("d_ff", d_ff, 1)
-        eta_cls.check_options(d_model=d_model, scale=c_init, rank=eta_rank, rank_name="eta_rank",
+        eta_cls.check_options(d_model=d_model, scale=c_init, rank=eta_rank, rank_name="eta_rank", scale_name="c_init",
                               has_norm_weight=norm != "none")
 
         self.d_model, self.n_heads, self.head_dim, self.d_ff = d_model, n_heads, head_dim, d_ff

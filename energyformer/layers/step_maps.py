@@ -82,7 +82,7 @@ class StepMap(nn.Module):
 
     @classmethod
     def check_options(cls, *, d_model: int, scale: float | None = None, rank: int = 8,
-                      has_norm_weight: bool = True, rank_name: str = "rank") -> None:
+                      has_norm_weight: bool = True, rank_name: str = "rank", scale_name: str = "scale") -> None:
         """Validate the options a model passes (used by configs and by the constructor).
 
         Raises:
@@ -92,7 +92,11 @@ class StepMap(nn.Module):
         """
         check_int("d_model", d_model, 1)
         if scale is not None:
-            check_float(f"initial scale of step map {cls.name!r}", scale, 0.0, strict=cls.scale_positive)
+            if not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and math.isfinite(scale)
+                    and (scale > 0 or (scale == 0 and not cls.scale_positive))):
+                need = "> 0" if cls.scale_positive else ">= 0"
+                raise ValueError(f"{scale_name}={scale!r} must be a finite number {need} for step map {cls.name!r} "
+                                 f"(the map starts near {scale_name}·I)")
         if cls.uses_rank:
             check_int(rank_name, rank, 1)
             if rank >= d_model:
