@@ -291,7 +291,7 @@ def _condense(message: str, parser_hints: dict[str, Any]) -> str:
     """jsonargparse's multi-line message → one line naming the flag and the expected type."""
     from energyformer.runs.config import type_name
 
-    match = re.search(r'Parser key "(?:\w+\.)?(\w+)":.*?Got value: (.*?)(?:\n|$)', message, re.S)
+    match = re.search(r'Parser key "(?:\w+\.)?(\w+)":.*?(?:Got|Given) value: (.*?)(?:\n|$)', message, re.S)
     if match and match.group(1) in parser_hints:
         key, value = match.groups()
         return f"--{key}={value.strip()!r} must be {type_name(parser_hints[key])}"

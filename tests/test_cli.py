@@ -177,3 +177,92 @@ def test_compare_errors(tmp_path, capsys):
     (tmp_path / "summary.json").write_text("{not json")
     assert main(["compare", str(tmp_path)]) == 2
     assert "not valid JSON" in capsys.readouterr().err
+
+
+def test_kebab_and_snake_case_flags_are_the_same(trained, capsys):
+    common = ["--prompt", "the ", "--seed", "3", "--temperature", "0.9"]
+    assert main(["sample", str(trained), *common, "--max-new-tokens", "9", "--top-k", "4",
+                 "--num-samples", "2"]) == 0
+    kebab = capsys.readouterr().out
+    assert main(["sample", str(trained), *common, "--max_new_tokens=9", "--top_k", "4", "--num_samples=2"]) == 0
+    assert capsys.readouterr().out == kebab and kebab.count("the ") >= 2
+
+
+def test_unknown_override_is_one_line_with_a_hint(recipe, capsys):
+    path, _, _ = recipe
+    assert main(["train", str(path), "--train.max_stepz", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown config key 'train.max_stepz' (did you mean 'max_steps'?)")
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["sample", "run", "--max-new-tokens", "many"], "--max_new_tokens='many' must be an integer"),
+    (["sample", "run", "--top-k", "1.5"], "--top_k='1.5' must be an integer or null"),
+    (["sample"], "required: sample.run_dir"),
+    (["sampel", "run"], "invalid choice: 'sampel'"),
+    (["sample", "run", "--bogus", "1"], "unrecognized arguments: --bogus 1"),
+])
+def test_usage_errors_are_one_line(argv, match, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and match in err and err.count("\n") == 1
+
+
+def test_renamed_model_key_prints_one_warning_line(recipe, tmp_path, monkeypatch, capsys):
+    from energyformer.models.gpt import GPTConfig
+
+    monkeypatch.setattr(GPTConfig, "renamed_keys", {"ff_width": "d_ff"}, raising=False)
+    path, _, _ = recipe
+    assert main(["info", str(path), "--model.ff_width", "48"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.startswith("warning: model.ff_width is deprecated") and captured.err.count("\n") == 1
+    assert "model.d_ff" in captured.err
+    assert "model arch='gpt'" in captured.out
+
+
+def test_recipe_help_lists_its_keys(recipe, capsys):
+    path, _, _ = recipe
+    assert main(["train", str(path), "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--model.n_heads" in out and "--train.max_steps" in out and "--model.n_steps" not in out
+
+
+def readme_command_lines():
+    """Every `energyformer ...` / `python -m energyformer ...` line in README.md's shell blocks."""
+    import re
+    import shlex
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    lines = []
+    for block in re.findall(r"```(?:bash)?\n(.*?)```", text, re.S):
+        for line in block.splitlines():
+            line = re.sub(r"^(\.venv/bin/|python -m )", "", line.strip())
+            if line.startswith("energyformer "):
+                line = line.split("  #")[0].replace("[", "").replace("]", "")
+                lines.append(shlex.split(line)[1:])
+    return lines
+
+
+README_LINES = readme_command_lines()
+
+
+def test_the_readme_has_command_lines():
+    commands = {argv[0] for argv in README_LINES}
+    assert {"prepare", "train", "sample", "info", "compare", "--help"} <= commands
+
+
+@pytest.mark.parametrize("argv", README_LINES, ids=[" ".join(a) for a in README_LINES])
+def test_every_readme_command_line_parses(argv, capsys):
+    from energyformer.cli import COMMANDS, parse_command_line
+
+    try:
+        name, kwargs = parse_command_line(argv)
+    except SystemExit as e:  # --help
+        assert e.code == 0
+        return
+    assert name in COMMANDS
+    if "overrides" in kwargs:  # train/info: the overrides load against the recipe
+        from energyformer.runs.config import load_config
+
+        load_config(ROOT / kwargs["recipe"], kwargs["overrides"], resolve_vocab=True, default_vocab_size=65)
