@@ -235,7 +235,7 @@ def reference_block(x, Hs, ln_bias, ff_kind, ff_params, proj_w, scale_ff, tril_p
 def _ref_args(blk):
     ffp = tuple(p.detach() for p in blk.ff.weights())
     Hs = [blk.attention.J[h].detach().T for h in range(blk.n_heads)]  # reference H.weight = J_hᵀ
-    return Hs, blk.norm.bias.detach(), blk.ff.name, ffp, blk.eta.proj.weight.detach(), blk.ff_scale.detach()
+    return Hs, blk.norm.bias.detach(), blk.ff.name, ffp, blk.eta.weight.detach(), blk.ff_scale.detach()
 
 
 @pytest.mark.parametrize("ff", ["ff1", "ff2w", "ff2"])

@@ -175,11 +175,8 @@ class NRGPTBlock(Traceable, nn.Module):
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         """Parameters by accounting group: ``attention``, ``ff`` (with ``s_ff``), ``eta``, ``norm``."""
-        groups = {**self.attention.param_groups(), **self.ff.param_groups()}
-        groups["ff"] = groups["ff"] + [self.ff_scale]
-        groups["eta"] = list(self.eta.parameters())
-        groups["norm"] = [] if self.norm is None else list(self.norm.parameters())
-        return groups
+        return {"attention": list(self.attention.parameters()), "ff": [*self.ff.parameters(), self.ff_scale],
+                "eta": list(self.eta.parameters()), "norm": [] if self.norm is None else list(self.norm.parameters())}
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, dropout={self.dropout_p}, norm={self.norm_kind!r}"

@@ -90,10 +90,6 @@ class NRGPTAttention(nn.Module):
     def reset_parameters(self) -> None:
         """Reference-code init of parameters that are not ``nn.Linear`` weights (``N(0, 0.02²)``)."""
 
-    def param_groups(self) -> dict[str, list[nn.Parameter]]:
-        """``{"attention": J's parameters and α}``."""
-        return {"attention": list(self.parameters())}
-
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}, beta={self.beta:.4g}, mask={self.mask!r}"
 
@@ -141,21 +137,31 @@ class FactoredAttention(NRGPTAttention):
 class FFEnergy(nn.Module):
     """Base class of an NRGPT feed-forward energy (per token; no context).
 
+    An entry lists its projections in :attr:`projections` as ``(name, in, out)`` with sizes
+    ``"d"`` (``d_model``) or ``"M"`` (``d_ff``); each is an ``nn.Linear`` with bias (reference
+    code), and :meth:`weights` passes ``(W, b)`` of each, in that order, to the entry's pure
+    ``energy_fn`` / ``grad_fn``.
+
     Args:
         d_model: ``d``. d_ff: hidden size ``M``.
     """
 
     name: ClassVar[str] = ""
+    projections: ClassVar[tuple[tuple[str, str, str], ...]] = ()
 
     def __init__(self, d_model: int, d_ff: int):
         super().__init__()
         check_int("d_model", d_model, 1)
         check_int("d_ff", d_ff, 1)
         self.d_model, self.d_ff = d_model, d_ff
+        size = {"d": d_model, "M": d_ff}
+        for proj, n_in, n_out in self.projections:
+            setattr(self, proj, nn.Linear(size[n_in], size[n_out]))
 
-    def weights(self) -> tuple:  # pragma: no cover
-        """The weights and biases the pure functions take, in their order."""
-        raise NotImplementedError
+    def weights(self) -> tuple:
+        """``(W, b)`` of every projection, flattened in :attr:`projections` order."""
+        return tuple(t for proj, _, _ in self.projections for t in (getattr(self, proj).weight,
+                                                                     getattr(self, proj).bias))
 
     def energy(self, g: torch.Tensor) -> torch.Tensor:
         """Per-token ``E_FF`` ``(B, N)`` at ``g`` ``(B, N, d)``."""
@@ -165,52 +171,31 @@ class FFEnergy(nn.Module):
         """``∂E_FF/∂g`` ``(B, N, d)`` (analytic)."""
         return self.grad_fn(g, *self.weights())
 
-    def param_groups(self) -> dict[str, list[nn.Parameter]]:
-        return {"ff": list(self.parameters())}
-
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, d_ff={self.d_ff}"
 
 
 @FF_ENERGIES.register("ff1")
 class FF1(FFEnergy):
-    """``E = −‖σ(W g + b)‖²``, ``∂E/∂g = −2 Wᵀ(σ(z) ⊙ σ'(z))``."""
+    """``E = −‖σ(W g + b)‖²``, ``∂E/∂g = −2 Wᵀ(σ(z) ⊙ σ'(z))`` (``up_proj`` = W)."""
 
+    projections = (("up_proj", "d", "M"),)
     energy_fn, grad_fn = staticmethod(E.ff1_energy), staticmethod(E.ff1_grad)
-
-    def __init__(self, d_model: int, d_ff: int):
-        super().__init__(d_model, d_ff)
-        self.up_proj = nn.Linear(d_model, d_ff)
-
-    def weights(self) -> tuple:
-        return (self.up_proj.weight, self.up_proj.bias)
 
 
 @FF_ENERGIES.register("ff2w")
 class FF2W(FFEnergy):
-    """``E = −gᵀ(W² σ(W¹ g + b¹) + b²)``, ``∂E/∂g = −(W² σ(z) + b²) − W¹ᵀ(σ'(z) ⊙ W²ᵀ g)``."""
+    """``E = −gᵀ(W² σ(W¹ g + b¹) + b²)``, ``∂E/∂g = −(W² σ(z) + b²) − W¹ᵀ(σ'(z) ⊙ W²ᵀ g)``
+    (``up_proj`` = W¹, ``down_proj`` = W²)."""
 
+    projections = (("up_proj", "d", "M"), ("down_proj", "M", "d"))
     energy_fn, grad_fn = staticmethod(E.ff2w_energy), staticmethod(E.ff2w_grad)
-
-    def __init__(self, d_model: int, d_ff: int):
-        super().__init__(d_model, d_ff)
-        self.up_proj = nn.Linear(d_model, d_ff)
-        self.down_proj = nn.Linear(d_ff, d_model)
-
-    def weights(self) -> tuple:
-        return (self.up_proj.weight, self.up_proj.bias, self.down_proj.weight, self.down_proj.bias)
 
 
 @FF_ENERGIES.register("ff2")
 class FF2(FFEnergy):
-    """``E = −‖σ(W^b σ(W^a g + a) + b)‖²`` with ``W^a`` (d, d) and ``W^b`` (M, d) (reference ``GradFeedForward_2Lay``)."""
+    """``E = −‖σ(W^b σ(W^a g + a) + b)‖²`` with ``W^a`` (d, d) = ``in_proj`` and ``W^b`` (M, d) =
+    ``up_proj`` (reference ``GradFeedForward_2Lay``)."""
 
+    projections = (("in_proj", "d", "d"), ("up_proj", "d", "M"))
     energy_fn, grad_fn = staticmethod(E.ff2_energy), staticmethod(E.ff2_grad)
-
-    def __init__(self, d_model: int, d_ff: int):
-        super().__init__(d_model, d_ff)
-        self.in_proj = nn.Linear(d_model, d_model)
-        self.up_proj = nn.Linear(d_model, d_ff)
-
-    def weights(self) -> tuple:
-        return (self.in_proj.weight, self.in_proj.bias, self.up_proj.weight, self.up_proj.bias)

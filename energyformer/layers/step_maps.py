@@ -72,6 +72,10 @@ class StepMap(nn.Module):
     needs_norm_weight: ClassVar[bool] = False
     uses_rank: ClassVar[bool] = False
 
+    #: the map's parameters as ``(name, dims)``, dims from ``"d"`` (d_model) and ``"r"`` (rank);
+    #: created (uninitialised) by the base class, then set by :meth:`reset_parameters`
+    param_shapes: ClassVar[tuple[tuple[str, str], ...]] = ()
+
     def __init__(self, d_model: int, scale: float | None = None, *, rank: int = 8,
                  norm: nn.Module | None = None):
         super().__init__()
@@ -79,6 +83,12 @@ class StepMap(nn.Module):
         self.check_options(d_model=d_model, scale=scale, rank=rank, has_norm_weight=norm is not None
                            and getattr(norm, "weight", None) is not None)
         self.d_model, self.scale, self.rank = d_model, float(scale), rank
+        # a plain reference, not a sub-module: the norm's parameters belong to the caller
+        object.__setattr__(self, "_norm", norm)
+        size = {"d": d_model, "r": rank}
+        for name, dims in self.param_shapes:
+            setattr(self, name, nn.Parameter(torch.empty(tuple(size[c] for c in dims))))
+        self.reset_parameters()
 
     @classmethod
     def check_options(cls, *, d_model: int, scale: float | None = None, rank: int = 8,
@@ -116,6 +126,7 @@ class StepMap(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:  # pragma: no cover - abstract
+        """Set the init (near ``scale·I``)."""
         raise NotImplementedError
 
     def extra_repr(self) -> str:
@@ -128,10 +139,7 @@ class StepMap(nn.Module):
 class DiagMap(StepMap):
     """``M = diag(softplus(p))`` (positive definite); ``p = softplus⁻¹(s)`` at init, so ``M = s·I``."""
 
-    def __init__(self, d_model: int, scale: float | None = None, *, rank: int = 8, norm: nn.Module | None = None):
-        super().__init__(d_model, scale, rank=rank, norm=norm)
-        self.p = nn.Parameter(torch.empty(d_model))
-        self.reset_parameters()
+    param_shapes = (("p", "d"),)
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -160,13 +168,7 @@ class DiagLowRankMap(DiagMap):
     no_weight_decay = ("u", "v")
     uses_rank = True
     init_std: ClassVar[float] = 0.02
-
-    def __init__(self, d_model: int, scale: float | None = None, *, rank: int = 8, norm: nn.Module | None = None):
-        StepMap.__init__(self, d_model, scale, rank=rank, norm=norm)
-        self.p = nn.Parameter(torch.empty(d_model))
-        self.u = nn.Parameter(torch.empty(d_model, rank))
-        self.v = nn.Parameter(torch.empty(d_model, rank))
-        self.reset_parameters()
+    param_shapes = (("p", "d"), ("u", "dr"), ("v", "dr"))
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -197,12 +199,7 @@ class DiagLowRankPSDMap(DiagMap):
     no_weight_decay = ("lr_factor",)
     uses_rank = True
     psd_init: ClassVar[float] = 0.1
-
-    def __init__(self, d_model: int, scale: float | None = None, *, rank: int = 8, norm: nn.Module | None = None):
-        StepMap.__init__(self, d_model, scale, rank=rank, norm=norm)
-        self.p = nn.Parameter(torch.empty(d_model))
-        self.lr_factor = nn.Parameter(torch.empty(d_model, rank))
-        self.reset_parameters()
+    param_shapes = (("p", "d"), ("lr_factor", "dr"))
 
     def psd_rows(self) -> list[int]:
         """The ``r`` distinct coordinates ``i_c`` carrying the init of ``L``."""
@@ -231,7 +228,7 @@ class DiagLowRankPSDMap(DiagMap):
 
 @STEP_MAPS.register("full")
 class FullMap(StepMap):
-    """A free ``d×d`` matrix: ``M = s·I + W₀`` with ``W₀ ~ N(0, 0.02²)`` (bias-free ``Linear(d, d)``).
+    """A free ``d×d`` matrix ``weight``: ``M = s·I + W₀`` with ``W₀ ~ N(0, 0.02²)`` (a bias-free linear map).
 
     With ``s = 0`` (its default) this is exactly the NRGPT reference code's ``eta`` init.
     Neither symmetric nor definite: no descent guarantee (docs/nrgpt.md §5).
@@ -240,33 +237,25 @@ class FullMap(StepMap):
     default_scale = 0.0
     scale_positive = False
     init_std: ClassVar[float] = 0.02
-
-    def __init__(self, d_model: int, scale: float | None = None, *, rank: int = 8, norm: nn.Module | None = None):
-        super().__init__(d_model, scale, rank=rank, norm=norm)
-        self.proj = nn.Linear(d_model, d_model, bias=False)  # weight = M (out × in)
-        self.reset_parameters()
+    param_shapes = (("weight", "dd"),)
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        nn.init.normal_(self.proj.weight, mean=0.0, std=self.init_std)
+        nn.init.normal_(self.weight, mean=0.0, std=self.init_std)
         if self.scale:
-            self.proj.weight.add_(self.scale * torch.eye(self.d_model, dtype=self.proj.weight.dtype,
-                                                         device=self.proj.weight.device))
+            self.weight.add_(self.scale * torch.eye(self.d_model, dtype=self.weight.dtype, device=self.weight.device))
 
     def forward(self, v: torch.Tensor) -> torch.Tensor:
-        return self.proj(v)
+        return F.linear(v, self.weight.to(v.dtype))
 
     def matrix(self) -> torch.Tensor:
-        return self.proj.weight
+        return self.weight
 
 
 class _ScalarMap(StepMap):
     """``c = softplus(c_raw)``, ``c = s`` at init."""
 
-    def __init__(self, d_model: int, scale: float | None = None, *, rank: int = 8, norm: nn.Module | None = None):
-        super().__init__(d_model, scale, rank=rank, norm=norm)
-        self.c_raw = nn.Parameter(torch.empty(()))
-        self.reset_parameters()
+    param_shapes = (("c_raw", ""),)
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -296,11 +285,6 @@ class CDiagGammaMap(_ScalarMap):
 
     needs_norm_weight = True
 
-    def __init__(self, d_model: int, scale: float | None = None, *, rank: int = 8, norm: nn.Module | None = None):
-        super().__init__(d_model, scale, rank=rank, norm=norm)
-        # a plain reference, not a sub-module: the norm's parameters belong to the block
-        object.__setattr__(self, "_norm", norm)
-
     def gamma(self) -> torch.Tensor:
         return self._norm.weight
 
@@ -318,12 +302,7 @@ class PSDPlusSkewMap(StepMap):
     ``S ~ N(0, 0.02²)``."""
 
     init_std: ClassVar[float] = 0.02
-
-    def __init__(self, d_model: int, scale: float | None = None, *, rank: int = 8, norm: nn.Module | None = None):
-        super().__init__(d_model, scale, rank=rank, norm=norm)
-        self.L = nn.Parameter(torch.empty(d_model, d_model))
-        self.S = nn.Parameter(torch.empty(d_model, d_model))
-        self.reset_parameters()
+    param_shapes = (("L", "dd"), ("S", "dd"))
 
     @torch.no_grad()
     def reset_parameters(self) -> None:

@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from energyformer._validate import check_choice, check_divides, check_float, check_int
+from energyformer.layers.norms import RMSNorm
 from energyformer.layers.step_maps import StepMap
 from energyformer.layers.trace import Trace, tracing
 
@@ -35,9 +36,17 @@ class ModelConfig:
     vocab_size: int = 65
     block_size: int = 256
 
+    #: int fields that must be >= 1, checked here for every config (subclasses list their own)
+    positive_ints: ClassVar[tuple[str, ...]] = ()
+
     def __post_init__(self) -> None:
         check_int("vocab_size", self.vocab_size, 1)
         check_int("block_size", self.block_size, 1)
+        for name in self.positive_ints:
+            check_int(name, getattr(self, name), 1)
+        for f in fields(self):  # every bool field holds a bool (YAML "yes" or 1 is refused by name)
+            if f.type in ("bool", bool) and not isinstance(getattr(self, f.name), bool):
+                raise ValueError(f"{f.name}={getattr(self, f.name)!r} must be true or false")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict with ``arch`` first: what recipes and checkpoints store."""
@@ -119,8 +128,6 @@ class GPTShapeConfig(ModelConfig):
         check_int("d_ff", self.d_ff, 1)
         check_float("dropout", self.dropout, 0.0, maximum=0.999)
         check_choice("activation", self.activation, ("relu", "gelu"))
-        if not isinstance(self.bias, bool):
-            raise ValueError(f"bias={self.bias!r} must be true or false")
 
 
 def default_d_ff(d_model: int, multiple_of: int = 32) -> int:
@@ -297,3 +304,64 @@ class CausalLM(nn.Module):
         finally:
             self.train(was_training)
         return idx
+
+
+class LlamaStyleLM(CausalLM):
+    """Token embedding → ``n_layers`` blocks → final RMSNorm → LM head (no biases): Llama and CEM-Llama.
+
+    Subclasses set :attr:`embed_name` / :attr:`layers_name` (the attribute names of the embedding
+    and the block list, which fix the weight names) and implement :meth:`make_layer`. Every
+    matrix starts at ``N(0, init_std²)`` (step maps keep their own init, see :func:`init_weights`);
+    ``tie_embeddings`` makes the LM head the embedding matrix (one Parameter).
+    """
+
+    embed_name: ClassVar[str] = "embed_tokens"
+    layers_name: ClassVar[str] = "layers"
+
+    def __init__(self, config: LlamaShapeConfig):
+        super().__init__()
+        self.config = c = config
+        setattr(self, self.embed_name, nn.Embedding(c.vocab_size, c.d_model))
+        setattr(self, self.layers_name, nn.ModuleList(self.make_layer(c) for _ in range(c.n_layers)))
+        self.norm = RMSNorm(c.d_model, eps=c.norm_eps)
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        init_weights(self, c.init_std)
+        if c.tie_embeddings:
+            self.lm_head.weight = getattr(self, self.embed_name).weight
+
+    def make_layer(self, config: LlamaShapeConfig) -> nn.Module:  # pragma: no cover - abstract
+        """One block ``(B, N, d) -> (B, N, d)``."""
+        raise NotImplementedError
+
+    def embedding_params(self) -> list[nn.Parameter]:
+        return [getattr(self, self.embed_name).weight]
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        """``idx (B, N)`` int64 → ``(logits (B, N, V), loss or None)``.
+
+        Raises:
+            ValueError: bad ids, shape or length (``check_input``).
+        """
+        self.check_input(idx, targets)
+        x = getattr(self, self.embed_name)(idx)
+        for layer in getattr(self, self.layers_name):
+            x = layer(x)
+        logits = self.lm_head(self.norm(x))
+        return logits, self.lm_loss(logits, targets)
+
+
+class LearnedPositionLM(CausalLM):
+    """Shared by GPT, the recurrent GPTs and NRGPT: token plus learned absolute position embeddings
+    (``wte``, ``wpe``), both excluded from the non-embedding parameter count."""
+
+    def make_embeddings(self, config: ModelConfig, d_model: int) -> None:
+        """Create ``wte`` (V, d) and ``wpe`` (block_size, d)."""
+        self.wte = nn.Embedding(config.vocab_size, d_model)
+        self.wpe = nn.Embedding(config.block_size, d_model)
+
+    def embedding_params(self) -> list[nn.Parameter]:
+        return [self.wte.weight, self.wpe.weight]
+
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """``x⁰ = E_tok[idx] + E_pos[0:N]``: ``(B, N) -> (B, N, d)``."""
+        return self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))

@@ -13,17 +13,13 @@ checks it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
-
-import torch
-import torch.nn as nn
+from typing import ClassVar
 
 from energyformer._validate import check_float, check_int
 from energyformer.layers.cem import CEMBlock
 from energyformer.layers.cem_options import INTERACTIONS, MLP_TIES
-from energyformer.layers.norms import RMSNorm
 from energyformer.layers.step_maps import STEP_MAPS
-from energyformer.models.base import CausalLM, LlamaShapeConfig, init_weights
+from energyformer.models.base import LlamaShapeConfig, LlamaStyleLM
 
 
 @dataclass
@@ -86,43 +82,20 @@ class CEMConfig(LlamaShapeConfig):
         return self.mlp_n_steps if self.mlp_n_steps is not None else self.n_steps
 
 
-class CEMLlama(CausalLM):
-    """CEM language model ``idx (B, N) -> (logits (B, N, V), loss or None)`` (SPEC §3.8)."""
+class CEMLlama(LlamaStyleLM):
+    """CEM language model ``idx (B, N) -> (logits (B, N, V), loss or None)`` (docs/cem.md §8).
 
-    def __init__(self, config: CEMConfig):
-        super().__init__()
-        self.config = c = config
-        self.embed = nn.Embedding(c.vocab_size, c.d_model)
-        self.blocks = nn.ModuleList(
-            CEMBlock(c.d_model, c.n_heads, c.resolved_d_ff, head_dim=c.head_dim,
-                     attn_n_steps=c.resolved_attn_n_steps, mlp_n_steps=c.resolved_mlp_n_steps,
-                     attn_step_size=c.attn_step_size, mlp_step_size=c.mlp_step_size,
-                     interaction=c.interaction, rope=c.rope, rope_theta=c.rope_theta, mlp_tie=c.mlp_tie,
-                     preconditioner=c.preconditioner, preconditioner_rank=c.preconditioner_rank,
-                     norm="rmsnorm", norm_eps=c.norm_eps, grad_through_norm=c.grad_through_norm,
-                     learn_step_size=c.learn_step_size, per_step_scale=c.per_step_scale)
-            for _ in range(c.n_layers))
-        self.norm = RMSNorm(c.d_model, eps=c.norm_eps)
-        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
-        init_weights(self, c.init_std)  # N(0, init_std) for every matrix; diag / P / η keep their own init
-        if c.tie_embeddings:
-            self.lm_head.weight = self.embed.weight
+    Under ``with model.trace() as trace:`` every layer's sub-blocks record their states and
+    energies per step (terms ``"attn"``, ``"mlp"``; see :mod:`energyformer.layers.trace`).
+    """
 
-    def embedding_params(self) -> list[nn.Parameter]:
-        return [self.embed.weight]
+    embed_name, layers_name = "embed", "blocks"
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        """``idx (B, N)`` → ``(logits (B, N, V), loss or None)``.
-
-        Under ``with model.trace() as trace:`` every layer's sub-blocks record their states and
-        energies per step (terms ``"attn"``, ``"mlp"``; see :mod:`energyformer.layers.trace`).
-
-        Raises:
-            ValueError: bad ids, shape or length (``check_input``).
-        """
-        self.check_input(idx, targets)
-        x = self.embed(idx)
-        for block in self.blocks:
-            x = block(x)
-        logits = self.lm_head(self.norm(x))
-        return logits, self.lm_loss(logits, targets)
+    def make_layer(self, c: CEMConfig) -> CEMBlock:
+        return CEMBlock(c.d_model, c.n_heads, c.resolved_d_ff, head_dim=c.head_dim,
+                        attn_n_steps=c.resolved_attn_n_steps, mlp_n_steps=c.resolved_mlp_n_steps,
+                        attn_step_size=c.attn_step_size, mlp_step_size=c.mlp_step_size,
+                        interaction=c.interaction, rope=c.rope, rope_theta=c.rope_theta, mlp_tie=c.mlp_tie,
+                        preconditioner=c.preconditioner, preconditioner_rank=c.preconditioner_rank,
+                        norm="rmsnorm", norm_eps=c.norm_eps, grad_through_norm=c.grad_through_norm,
+                        learn_step_size=c.learn_step_size, per_step_scale=c.per_step_scale)

@@ -13,9 +13,8 @@ from typing import ClassVar
 import torch
 import torch.nn as nn
 
-from energyformer._validate import check_int
 from energyformer.layers.baseline import GPTBlock
-from energyformer.models.base import CausalLM, GPTShapeConfig, init_weights
+from energyformer.models.base import GPTShapeConfig, LearnedPositionLM, init_weights
 
 
 @dataclass
@@ -23,22 +22,18 @@ class GPTConfig(GPTShapeConfig):
     """GPT hyper-parameters: the shared GPT fields (:class:`GPTShapeConfig`) plus depth and the embedding tie."""
 
     arch: ClassVar[str] = "gpt"
+    positive_ints: ClassVar[tuple[str, ...]] = ("n_layers",)
     n_layers: int = 4
     tie_embeddings: bool = False
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_int("n_layers", self.n_layers, 1)
 
-
-class GPT(CausalLM):
+class GPT(LearnedPositionLM):
     """nanoGPT-style decoder: ``idx (B, N) -> logits (B, N, V)``."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = c = config
-        self.wte = nn.Embedding(c.vocab_size, c.d_model)
-        self.wpe = nn.Embedding(c.block_size, c.d_model)
+        self.make_embeddings(c, c.d_model)
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
             GPTBlock(c.d_model, c.n_heads, c.d_ff, c.activation, c.dropout, c.bias) for _ in range(c.n_layers))
@@ -51,14 +46,10 @@ class GPT(CausalLM):
             if name.endswith(("o_proj.weight", "down_proj.weight")):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layers))
 
-    def embedding_params(self) -> list[nn.Parameter]:
-        return [self.wte.weight, self.wpe.weight]
-
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         """``idx (B, N)`` int64 → ``(logits (B, N, V), loss or None)``. Raises ``ValueError`` on bad ids/length."""
         self.check_input(idx, targets)
-        pos = torch.arange(idx.shape[1], device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(pos))
+        x = self.drop(self.embed(idx))
         for block in self.blocks:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))

@@ -13,13 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-import torch
-import torch.nn as nn
-
 from energyformer._validate import check_divides, check_float, check_int
 from energyformer.layers.baseline import LlamaBlock
-from energyformer.layers.norms import RMSNorm
-from energyformer.models.base import CausalLM, LlamaShapeConfig, init_weights
+from energyformer.models.base import LlamaShapeConfig, LlamaStyleLM
 
 
 @dataclass
@@ -44,30 +40,11 @@ class LlamaConfig(LlamaShapeConfig):
         return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
 
 
-class Llama(CausalLM):
+class Llama(LlamaStyleLM):
     """Llama decoder ``idx (B, N) -> (logits (B, N, V), loss or None)``; init N(0, 0.02) for every matrix."""
 
-    def __init__(self, config: LlamaConfig):
-        super().__init__()
-        self.config = c = config
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.d_model)
-        self.layers = nn.ModuleList(
-            LlamaBlock(c.d_model, c.n_heads, c.resolved_n_kv_heads, c.resolved_head_dim, c.resolved_d_ff,
-                       c.rope_theta, c.norm_eps) for _ in range(c.n_layers))
-        self.norm = RMSNorm(c.d_model, eps=c.norm_eps)
-        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
-        init_weights(self, c.init_std)
-        if c.tie_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
+    embed_name, layers_name = "embed_tokens", "layers"
 
-    def embedding_params(self) -> list[nn.Parameter]:
-        return [self.embed_tokens.weight]
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        """``idx (B, N)`` int64 → ``(logits (B, N, V), loss or None)``. Raises ``ValueError`` on bad ids/length."""
-        self.check_input(idx, targets)
-        x = self.embed_tokens(idx)
-        for layer in self.layers:
-            x = layer(x)
-        logits = self.lm_head(self.norm(x))
-        return logits, self.lm_loss(logits, targets)
+    def make_layer(self, c: LlamaConfig) -> LlamaBlock:
+        return LlamaBlock(c.d_model, c.n_heads, c.resolved_n_kv_heads, c.resolved_head_dim, c.resolved_d_ff,
+                          c.rope_theta, c.norm_eps)

@@ -29,7 +29,7 @@ from energyformer.layers.norms import LayerNorm, canonical_norm
 from energyformer.layers.nrgpt import NRGPTBlock
 from energyformer.layers.nrgpt_options import FF_ENERGIES, NRGPT_ATTENTIONS
 from energyformer.layers.step_maps import STEP_MAPS
-from energyformer.models.base import CausalLM, ModelConfig
+from energyformer.models.base import LearnedPositionLM, ModelConfig
 
 PRESETS = (None, "reference", "reference_listops")
 
@@ -121,8 +121,6 @@ class NRGPTConfig(ModelConfig):
             self.c_init = eta_cls.default_scale
         eta_cls.check_options(d_model=self.d_model, scale=self.c_init, rank=self.eta_rank, rank_name="eta_rank", scale_name="c_init",
                               has_norm_weight=self.norm not in (None, "none"))
-        if not isinstance(self.per_step_scale, bool):
-            raise ValueError(f"per_step_scale={self.per_step_scale!r} must be true or false")
 
     @classmethod
     def reference(cls, task: str = "lm", **overrides: Any) -> "NRGPTConfig":
@@ -142,14 +140,13 @@ class NRGPTConfig(ModelConfig):
         return cls(preset="reference" if task == "lm" else "reference_listops", **overrides)
 
 
-class NRGPT(CausalLM):
+class NRGPT(LearnedPositionLM):
     """NRGPT language model ``idx (B, N) -> logits (B, N, V)`` (docs/nrgpt.md §6)."""
 
     def __init__(self, config: NRGPTConfig):
         super().__init__()
         self.config = c = config
-        self.wte = nn.Embedding(c.vocab_size, c.d_model)
-        self.wpe = nn.Embedding(c.block_size, c.d_model)
+        self.make_embeddings(c, c.d_model)
         self.block = NRGPTBlock(
             c.d_model, c.n_heads, attention=c.attention, head_dim=c.head_dim, beta=c.beta,
             learn_alpha=c.learn_alpha, mask=c.mask, ff=c.ff, d_ff=c.d_ff, eta_param=c.eta_param,
@@ -161,20 +158,12 @@ class NRGPT(CausalLM):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
         nn.init.zeros_(self.lm_head.bias)
 
-    def embedding_params(self) -> list[nn.Parameter]:
-        return [self.wte.weight, self.wpe.weight]
-
     def step_scale(self, t: int) -> torch.Tensor | None:
         """κ_t for step ``t`` (``None`` without per-step scales). Steps beyond the trained
         ``n_steps`` reuse the last κ (inference-time scaling)."""
         if self.step_scales is None:
             return None
         return self.step_scales[min(t, self.step_scales.numel() - 1)]
-
-    def embed(self, idx: torch.Tensor) -> torch.Tensor:
-        """``x⁰ = E_tok[idx] + E_pos[0:N]``: ``(B, N) -> (B, N, d)``."""
-        pos = torch.arange(idx.shape[1], device=idx.device)
-        return self.wte(idx) + self.wpe(pos)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
                 n_steps: int | None = None, stop_tol: float | None = None):

@@ -19,7 +19,7 @@ import torch.nn as nn
 
 from energyformer._validate import check_int
 from energyformer.layers.baseline import GPTBlock
-from energyformer.models.base import CausalLM, GPTShapeConfig, init_weights
+from energyformer.models.base import GPTShapeConfig, LearnedPositionLM, init_weights
 
 
 @dataclass
@@ -34,32 +34,23 @@ class RecurrentGPTConfig(GPTShapeConfig):
     """
 
     arch: ClassVar[str] = "gpt_rec"
+    positive_ints: ClassVar[tuple[str, ...]] = ("n_steps",)
     n_steps: int = 6
     parallel: bool = False
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_int("n_steps", self.n_steps, 1)
-        if not isinstance(self.parallel, bool):
-            raise ValueError(f"parallel={self.parallel!r} must be true or false")
 
-
-class RecurrentGPT(CausalLM):
+class RecurrentGPT(LearnedPositionLM):
     """GPT with one weight-shared block applied ``n_steps`` times: ``idx (B, N) -> logits (B, N, V)``."""
 
     def __init__(self, config: RecurrentGPTConfig):
         super().__init__()
         self.config = c = config
-        self.wte = nn.Embedding(c.vocab_size, c.d_model)
-        self.wpe = nn.Embedding(c.block_size, c.d_model)
+        self.make_embeddings(c, c.d_model)
         self.block = GPTBlock(c.d_model, c.n_heads, c.d_ff, activation=c.activation, dropout=c.dropout,
                               bias=c.bias, parallel=c.parallel)
         self.ln_f = nn.LayerNorm(c.d_model, bias=c.bias)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=c.bias)
         init_weights(self, 0.02)
-
-    def embedding_params(self) -> list[nn.Parameter]:
-        return [self.wte.weight, self.wpe.weight]
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, n_steps: int | None = None):
         """``idx (B, N)`` → ``(logits (B, N, V), loss or None)``.
@@ -72,8 +63,7 @@ class RecurrentGPT(CausalLM):
         """
         self.check_input(idx, targets)
         T = self.config.n_steps if n_steps is None else check_int("n_steps", n_steps, 1)
-        pos = torch.arange(idx.shape[1], device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)
+        x = self.embed(idx)
         for _ in range(T):
             x = self.block(x)
         logits = self.lm_head(self.ln_f(x))
