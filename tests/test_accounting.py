@@ -1,4 +1,4 @@
-"""Parameter accounting (energyformer/models/accounting.py): SPEC §3.8, §7.10."""
+"""Parameter accounting (energyformer/models/accounting.py): docs/cem.md §8, docs/testing.md §10."""
 from __future__ import annotations
 
 import pytest
@@ -22,7 +22,7 @@ def test_tied_attention_is_half_and_tied_mlp_two_thirds_of_llama():
     assert pl["mlp"]["projections"] == 2 * D * DFF and bl["mlp"]["projections"] == 3 * D * DFF
     assert c["ratios"]["attn_projections"] == 0.5
     assert c["ratios"]["mlp_projections"] == pytest.approx(2 / 3, abs=0)
-    # SPEC §3.8: CEM = 2 d·H d_h + 2 d d_ff + 2d + [η: 2]; Llama = 4 d·H d_h + 3 d d_ff + 2d
+    # docs/cem.md §8: CEM = 2 d·H d_h + 2 d d_ff + 2d + [η: 2]; Llama = 4 d·H d_h + 3 d d_ff + 2d
     assert pl["total"] == 2 * D * D + 2 * D * DFF + 2 * D + 2
     assert bl["total"] == 4 * D * D + 3 * D * DFF + 2 * D
 
@@ -42,12 +42,12 @@ def test_dlr_extra(interaction, extra):
 
 @pytest.mark.parametrize("rank", [2, 8])
 def test_preconditioner_extra(rank):
-    """SPEC §3.8: two diag+low-rank preconditioners add 2·(d + 2dr) per layer (and remove the 2 η)."""
+    """docs/cem.md §8: two diag+low-rank preconditioners add 2·(d + 2dr) per layer (and remove the 2 η)."""
     plain = parameter_counts(_cem())["per_layer"]["total"]
     c = parameter_counts(_cem(preconditioner="diag_lowrank", preconditioner_rank=rank))
     pl = c["per_layer"]
     assert pl["attn"]["preconditioner"] + pl["mlp"]["preconditioner"] == 2 * (D + 2 * D * rank)
-    assert pl["attn"]["step_size"] == pl["mlp"]["step_size"] == 0  # η ≡ 1 with P (SPEC §3.6)
+    assert pl["attn"]["step_size"] == pl["mlp"]["step_size"] == 0  # η ≡ 1 with P (docs/cem.md §6)
     assert pl["total"] == plain - 2 + 2 * (D + 2 * D * rank)
     psd = parameter_counts(_cem(preconditioner="diag_lowrank_psd", preconditioner_rank=rank))["per_layer"]
     assert psd["attn"]["preconditioner"] == D + D * rank
@@ -67,7 +67,7 @@ def test_totals_match_a_real_model_and_spec_example():
     model = CEMLlama(cfg)
     assert c["total"] == model.num_params() and c["non_embedding"] == model.num_params(non_embedding=True)
     assert c["total"] == c["non_embedding"] + V * D
-    # SPEC §3.8 example (d=768, L=12, H=12, d_ff=2048): Llama 84.95M, CEM-tied 51.92M non-embedding,
+    # docs/cem.md §8 example (d=768, L=12, H=12, d_ff=2048): Llama 84.95M, CEM-tied 51.92M non-embedding,
     # counting the norms but not the (untied) LM head.
     big = parameter_counts(CEMConfig(vocab_size=32000, d_model=768, n_layers=12, n_heads=12, d_ff=2048))
     head = 32000 * 768

@@ -1,4 +1,4 @@
-"""CEM energies (energyformer/energies/cem.py, silu_antiderivative.py, rope.py): SPEC §3.2–§3.4, §7.1, §7.7, §7.11, §7.12.
+"""CEM energies (energyformer/energies/cem.py, silu_antiderivative.py, rope.py): docs/cem.md §2–§4, docs/testing.md §1, §7, §11, §12.
 
 Every analytic gradient is held against torch.autograd on its own energy (float64, atol 1e-10,
 B=2, N in {1, 7, 33}, heads in {1, 4}); every fast path against its plain per-element reference.
@@ -95,7 +95,7 @@ def test_llama_rope_mode_matches_reference_and_differs_from_exact(diag_kind):
 
 
 def test_one_step_is_sdpa_with_values_equal_keys_then_wq():
-    """SPEC §7.2: −∇ε = scaled_dot_product_attention(q, k, k, is_causal=True) @ W_Q (no RoPE, no diagonal)."""
+    """docs/testing.md §2: −∇ε = scaled_dot_product_attention(q, k, k, is_causal=True) @ W_Q (no RoPE, no diagonal)."""
     n, heads = 33, 4
     g, h, w_q, w_k, _ = _data(n, heads, seed=1)
     q = (g @ w_q.t()).view(2, n, heads, DH).transpose(1, 2)
@@ -127,7 +127,7 @@ def test_zero_diagonal_reproduces_tied_attention():
 
 
 def test_temperature_is_sqrt_head_dim_even_for_augmented_heads():
-    """SPEC §7.11: the D+LR augmented heads use scale 1/sqrt(d_h), not SDPA's default 1/sqrt(d_h + d)."""
+    """docs/testing.md §11: the D+LR augmented heads use scale 1/sqrt(d_h), not SDPA's default 1/sqrt(d_h + d)."""
     n, heads = 7, 4
     g, h, w_q, w_k, gen = _data(n, heads, seed=5)
     diag = torch.randn(heads, D, dtype=DT, generator=gen)
@@ -143,7 +143,7 @@ def test_temperature_is_sqrt_head_dim_even_for_augmented_heads():
 
 
 def test_energy_is_causal_prefix_truncation():
-    """SPEC §7.3: ε_i computed from the prefix 1..i equals the full-sequence value."""
+    """docs/testing.md §3: ε_i computed from the prefix 1..i equals the full-sequence value."""
     n, heads = 9, 4
     g, h, w_q, w_k, gen = _data(n, heads, seed=6)
     diag = torch.randn(D, dtype=DT, generator=gen)
@@ -254,7 +254,7 @@ def test_gated_mlp_grad_matches_autograd(n, tie):
 
 @pytest.mark.parametrize("tie", ["gate", "up"])
 def test_gated_mlp_one_step_is_swiglu(tie):
-    """SPEC §7.2: at g = ĥ, −∇ε = SwiGLU with down = gateᵀ (variant A) or down = upᵀ (variant B)."""
+    """docs/testing.md §2: at g = ĥ, −∇ε = SwiGLU with down = gateᵀ (variant A) or down = upᵀ (variant B)."""
     gen = torch.Generator().manual_seed(11)
     h = torch.randn(2, 7, D, dtype=DT, generator=gen)
     w_gate = torch.randn(20, D, dtype=DT, generator=gen)

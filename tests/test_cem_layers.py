@@ -1,4 +1,4 @@
-"""CEM layers (energyformer/layers/cem.py, preconditioner.py, rope.py): SPEC §3.2–§3.7, §7.1–§7.9.
+"""CEM layers (energyformer/layers/cem.py, preconditioner.py, rope.py): docs/cem.md §2–§7, docs/testing.md §1–§9.
 
 Layer updates are held against ``x − η P ∇_g ε(g)`` with ``∇_g ε`` from torch.autograd on the
 energy (context detached), in float64.
@@ -144,7 +144,7 @@ def test_mlp_update_matches_autograd(tie, precond):
 
 
 def test_grad_through_norm_is_the_true_x_gradient():
-    """SPEC §3.7 alternative: the update uses ∇_x ε(Norm(x) | ĥ) with ĥ fixed."""
+    """docs/cem.md §7 alternative: the update uses ∇_x ε(Norm(x) | ĥ) with ĥ fixed."""
     layer = _perturb(_attn(interaction="diag_shared", rope="exact", grad_through_norm=True, n_steps=2))
     x = _x(7)
     with torch.no_grad():
@@ -203,7 +203,7 @@ def test_mlp_recursion_is_repeated_one_step_map_with_fixed_gate(tie):
 
 
 def test_parameters_are_shared_over_steps_and_gradients_accumulate():
-    """SPEC §7.8: one W_Q/W_K for all T steps; its gradient is the sum of the per-step contributions."""
+    """docs/testing.md §8: one W_Q/W_K for all T steps; its gradient is the sum of the per-step contributions."""
     layer = _perturb(_attn(n_steps=2, norm=None))
     n1 = sum(p.numel() for p in _attn(n_steps=1, norm=None).parameters())
     assert sum(p.numel() for p in layer.parameters()) == n1
@@ -273,7 +273,7 @@ def test_q_proj_is_also_the_output_projection():
         assert (layer(x) - only_query_moved).abs().max() > 1e-6
 
 
-# ----------------------------------------------------------------------------- energy descent (SPEC §3.9, §7.5)
+# ----------------------------------------------------------------------------- energy descent (docs/cem.md §9, docs/testing.md §5)
 
 @pytest.mark.parametrize("interaction,rope", [("lowrank", None), ("lowrank", "exact"), ("diag_shared", "exact"),
                                               ("diag_per_head", None), ("diag_only", None)])
@@ -293,7 +293,7 @@ def test_raw_attention_energy_decreases_every_step_with_psd_preconditioner(inter
 
 
 def test_indefinite_preconditioner_exists_for_random_factors():
-    """SPEC §3.5/§7.6: diag(softplus p) + UVᵀ + VUᵀ is symmetric but not PSD in general."""
+    """docs/cem.md §5/docs/testing.md §6: diag(softplus p) + UVᵀ + VUᵀ is symmetric but not PSD in general."""
     p = Preconditioner(D, "diag_lowrank", rank=4)
     with torch.no_grad():
         p.u.normal_(generator=torch.Generator().manual_seed(0))

@@ -1,4 +1,4 @@
-"""CEMLlama and CEMConfig (energyformer/models/cem.py): SPEC §3.8, §7.3, §7.6, §7.7, §7.9."""
+"""CEMLlama and CEMConfig (energyformer/models/cem.py): docs/cem.md §8, docs/testing.md §3, §6, §7, §9."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from energyformer.models.base import default_d_ff
 from energyformer.models.cem import CEMConfig, CEMLlama

@@ -1,4 +1,4 @@
-"""Llama baseline parity with transformers, and CEM ≡ a weight-tied Llama at T=1 (SPEC §2.3, §3.2, §3.3, §7.2).
+"""Llama baseline parity with transformers, and CEM ≡ a weight-tied Llama at T=1 (docs/baselines.md §3, docs/cem.md §2, §3, docs/testing.md §2).
 
 Models are built from config objects only (HF_HUB_OFFLINE=1; nothing is downloaded).
 """
@@ -76,7 +76,7 @@ def test_cem_one_step_equals_weight_tied_hf_llama(mlp_tie, head_dim):
     idx = _ids(1)
     with torch.no_grad():
         torch.testing.assert_close(cem(idx)[0], hf(idx).logits, atol=1e-5, rtol=0)
-    # exact RoPE mode is a different model (SPEC §3.2): same weights, other logits
+    # exact RoPE mode is a different model (docs/cem.md §2.1): same weights, other logits
     exact = CEMLlama(CEMConfig.from_dict({**cem.config.to_dict(), "rope": "exact"})).eval()
     exact.load_state_dict(cem.state_dict())
     with torch.no_grad():
@@ -99,7 +99,7 @@ def test_llama_causality_with_gqa():
 
 
 def test_llama_parameter_count_formula():
-    """SPEC §2.3: 4·d·H·d_h attention + 3·d·d_ff MLP + 2d norms per layer (no GQA, no biases)."""
+    """docs/baselines.md §3: 4·d·H·d_h attention + 3·d·d_ff MLP + 2d norms per layer (no GQA, no biases)."""
     d, h, dff, layers = 32, 4, 48, 3
     model = Llama(LlamaConfig(vocab_size=V, d_model=d, n_layers=layers, n_heads=h, d_ff=dff))
     per_layer = 4 * d * d + 3 * d * dff + 2 * d

@@ -130,7 +130,7 @@ def test_invalid_config_values(arch):
 
 
 def test_gpt_parameter_count_matches_reference_code():
-    """SPEC §4.9: GPT 12L at d=768, H=12, V=50304, block 1024 with untied head = 163,132,032."""
+    """docs/nrgpt.md §9: GPT 12L at d=768, H=12, V=50304, block 1024 with untied head = 163,132,032."""
     with torch.device("meta"):
         m = build_model({"arch": "gpt", "vocab_size": 50304, "block_size": 1024, "d_model": 768,
                          "n_layers": 12, "n_heads": 12})

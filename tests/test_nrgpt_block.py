@@ -1,4 +1,4 @@
-"""NRGPTBlock (SPEC §4.4, §7.1–§7.3): analytic step == autograd on the energy, η forms, causality,
+"""NRGPTBlock (docs/nrgpt.md §4, docs/testing.md §1–§3): analytic step == autograd on the energy, η forms, causality,
 and equality with a plain autograd-based re-implementation of the reference code's block."""
 import itertools
 import math
@@ -166,7 +166,7 @@ def test_parameters_by_option_and_gradients_reach_all():
 
 
 def test_block_training_uses_no_autograd_of_energy(monkeypatch):
-    """DESIGN §3: the hot path is the analytic update (no torch.autograd.grad / double backward)."""
+    """docs/architecture.md: the hot path is the analytic update (no torch.autograd.grad / double backward)."""
     blk = make_block(ff="ff2")
 
     def boom(*a, **k):
@@ -196,7 +196,7 @@ def test_bad_options_raise():
 
 
 # ------------------------------------------------------------------------------------------------
-# Plain re-implementation of the released code's block (SPEC §4.2–§4.4, §7.2 last bullet):
+# Plain re-implementation of the released code's block (docs/nrgpt.md §2–§4, docs/testing.md §2 last bullet):
 # per-head Linear H (xH = H(g)), scores g_A·xH_B, tril mask (diagonal −1 for tril_plus_one),
 # fully masked rows zeroed, force = −Σ_heads wei @ xH, FF force by torch.func.grad of the summed
 # FF energy, BareLN (γ ≡ 1, learnable bias), x ← x − proj(attn + scale_ff · ff).

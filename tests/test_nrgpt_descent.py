@@ -1,8 +1,8 @@
-"""NRGPT energy descent (SPEC §4.5, §7.4), over ≥ 500 random draws per setting (float64).
+"""NRGPT energy descent (docs/nrgpt.md §5, docs/testing.md §4), over ≥ 500 random draws per setting (float64).
 
 Each setting draws 32 random blocks (weights O(1), γ of random size and sign) × 16 random inputs
 = 512 draws, strict mask (the paper's form; with the inclusive mask token 0 attends to itself and
-its force is not the gradient of its energy, SPEC §4.2). For speed the 32 blocks run at once
+its force is not the gradient of its energy, docs/nrgpt.md §2). For speed the 32 blocks run at once
 under ``torch.func.vmap`` through the pure energy functions; ``test_pure_step_equals_block``
 holds that vectorized step equal to ``NRGPTBlock.forward``.
 
@@ -10,7 +10,7 @@ With ``E_A = E_AT + s_ff E_FF`` the total energy of token A, what is checked at 
 
 * token 0 (no context): ``E_0(t+1) ≤ E_0(t)`` (Prop 2.1, discrete, small c);
 * every token's *own-state* change (its context held at step t) is ≤ 0 — the discrete
-  counterpart of the first term of dE_A/dt in SPEC §4.5;
+  counterpart of the first term of dE_A/dt in docs/nrgpt.md §5;
 * the causal cascade: later tokens' energies do rise early (their context moves) and those rises
   die out: the largest rise in the last quarter of the run is < 5 % of the largest change in the
   first quarter. Strict monotonicity from a fixed step on is NOT reached within a few hundred
@@ -171,7 +171,7 @@ def test_random_eta_can_increase_energy():
 
 
 def test_psd_plus_skew_without_norm_descends():
-    """SPEC §4.5 Prop 2.2: g = x and η = L Lᵀ + (S − Sᵀ); small steps never raise a token's own energy."""
+    """docs/nrgpt.md §5 Prop 2.2: g = x and η = L Lᵀ + (S − Sᵀ); small steps never raise a token's own energy."""
     P, X, _ = draw("psd_plus_skew", None, 0.01)
     eta = P["eta"]
     assert torch.linalg.eigvalsh((eta + eta.transpose(1, 2)) / 2).min() >= -1e-12

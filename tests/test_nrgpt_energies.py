@@ -1,4 +1,4 @@
-"""NRGPT energies (SPEC §4.2, §4.3, §7.1): analytic partial gradients == torch.autograd, float64."""
+"""NRGPT energies (docs/nrgpt.md §2, §3, docs/testing.md §1): analytic partial gradients == torch.autograd, float64."""
 import math
 
 import pytest
@@ -83,7 +83,7 @@ def test_strict_force_is_per_token_partial_gradient(kind, H, N):
 
 @pytest.mark.parametrize("H", [1, 4])
 def test_inclusive_force_omits_exactly_the_self_key_term(H):
-    """SPEC §4.2 item 3: autograd through both slots of g_A = force − Σ_h α_h p^h_AA J_h g_A."""
+    """docs/nrgpt.md §2 item 3: autograd through both slots of g_A = force − Σ_h α_h p^h_AA J_h g_A."""
     torch.manual_seed(5)
     N = 7
     g = torch.randn(2, N, D, dtype=torch.float64)
@@ -136,7 +136,7 @@ def test_strict_first_token_zero_energy_zero_force_finite_backward(kind):
 @pytest.mark.parametrize("kind", ["full", "factored"])
 @pytest.mark.parametrize("mask", ["strict", "inclusive"])
 def test_attention_energy_and_force_are_causal(kind, mask):
-    """SPEC §7.3: E_i and the force from a truncated prefix equal those from the full sequence."""
+    """docs/testing.md §3: E_i and the force from a truncated prefix equal those from the full sequence."""
     torch.manual_seed(9)
     g = torch.randn(2, 9, D, dtype=torch.float64)
     w, alpha = _attn_params(kind, 4)
@@ -148,7 +148,7 @@ def test_attention_energy_and_force_are_causal(kind, mask):
 
 
 def test_attention_energy_value_against_plain_loop():
-    """Energy formula itself, written as a literal double loop (SPEC §4.2)."""
+    """Energy formula itself, written as a literal double loop (docs/nrgpt.md §2)."""
     torch.manual_seed(11)
     H, N = 2, 5
     g = torch.randn(1, N, D, dtype=torch.float64)

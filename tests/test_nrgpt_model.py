@@ -1,6 +1,6 @@
-"""NRGPT model (SPEC §4.6, §7.3, §7.10): causality for every option and step count, energy
+"""NRGPT model (docs/nrgpt.md §6, docs/testing.md §3, §10): causality for every option and step count, energy
 monitoring, inference-time scaling and early stopping, the strict-mask length-1 case, presets,
-configuration errors and the SPEC parameter counts (built on the meta device)."""
+configuration errors and the parameter counts of docs/nrgpt.md §9 (built on the meta device)."""
 import math
 
 import pytest
@@ -289,7 +289,7 @@ OWT = dict(d_model=768, n_heads=12, n_steps=12, vocab_size=50304, block_size=102
 
 
 def test_parameter_counts_spec():
-    """SPEC §4.9 / §7.10 (sum of numel, frozen γ counted; α is fixed in the reference code)."""
+    """docs/nrgpt.md §9 / docs/testing.md §10 (sum of numel, frozen γ counted; α is fixed in the reference code)."""
     assert _count(NRGPTConfig.reference(**OWT)) == 90_496_897
     assert _count(NRGPTConfig.reference(**OWT, ff="ff1")) == 88_136_833
     mmlu = NRGPTConfig.reference(**{**OWT, "d_model": 1536, "n_steps": 6})

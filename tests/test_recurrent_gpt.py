@@ -1,4 +1,4 @@
-"""GPT_Rec / GPT_Rec_parallel (SPEC §2.3) and the baseline parameter counts of SPEC §4.9 / §7.10."""
+"""GPT_Rec / GPT_Rec_parallel (docs/baselines.md §3) and the baseline parameter counts of docs/nrgpt.md §9 / docs/testing.md §10."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -109,7 +109,7 @@ OWT = dict(d_model=768, n_heads=12, vocab_size=50304, block_size=1024)
 
 
 def test_parameter_counts_spec():
-    """SPEC §4.9 / §7.10, built on the meta device."""
+    """docs/nrgpt.md §9 / docs/testing.md §10, built on the meta device."""
     with torch.device("meta"):
         rec_par = RecurrentGPT(RecurrentGPTConfig(**OWT, n_steps=12, parallel=True))
         rec_seq = RecurrentGPT(RecurrentGPTConfig(**OWT, n_steps=12, parallel=False))

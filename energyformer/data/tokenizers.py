@@ -1,7 +1,7 @@
 """Tokenizers stored as plain JSON in a dataset's ``meta.json`` (no pickle).
 
 ``CharTokenizer`` is nanoGPT's shakespeare_char tokenizer: the vocabulary is the sorted set of
-characters of the corpus, token id = rank of the character (DATA.md, "Tokenizers").
+characters of the corpus, token id = rank of the character (nanoGPT's shakespeare_char).
 ``load_tokenizer`` dispatches on ``meta["tokenizer"]`` so that BPE tokenizers can be added to
 ``TOKENIZERS`` later without touching callers.
 """

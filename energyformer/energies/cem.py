@@ -1,12 +1,12 @@
-"""CEM energies and their analytic gradients (SPEC §3.2–§3.4, §3.7; pure functions, no state).
+"""CEM energies and their analytic gradients (docs/cem.md §2–§4, §7; pure functions, no state).
 
-Notation (SPEC §1, §3): ``g`` (B, N, d) is the normalized moving variable ``Norm(x)``, ``h_ctx``
+Notation (docs/README.md §2, docs/cem.md): ``g`` (B, N, d) is the normalized moving variable ``Norm(x)``, ``h_ctx``
 (B, N, d) the fixed normalized context ``ĥ = Norm(h)`` of the sub-block input. Projections
 are in PyTorch layout: ``w_q, w_k`` (H·d_h, d), ``w_gate, w_up`` (d_ff, d). Energies are per
 token, shape (B, N), summed over heads and features; ``*_grad`` returns (B, N, d), the exact
 derivative of that per-token energy w.r.t. ``g`` with the context held fixed.
 
-Attention / interaction energy (SPEC §3.2, §3.4), causal ``j ≤ i``, ``τ = sqrt(d_h)``::
+Attention / interaction energy (docs/cem.md §2, §4), causal ``j ≤ i``, ``τ = sqrt(d_h)``::
 
     ε_att(g_i | ĥ_{1:i}) = − Σ_k τ log Σ_{j≤i} exp( s^k_ij / τ ),
     s^k_ij = (R_i W^Q_k g_i)·(R_j W^K_k ĥ_j) + Σ_c d_kc g_ic ĥ_jc      (= g_iᵀ A_k(i,j) ĥ_j)
@@ -17,7 +17,7 @@ form named by ``diag_mode``: ``"none"`` (``diag=None``, plain tied attention), `
 heads (``diag`` of shape (d,)), or ``"per_head"`` (``diag`` of shape (H, d)). ``w_q = w_k = None``
 keeps only the diagonal term.
 
-Gated-MLP energy (SPEC §3.3), ``F = ∫SiLU``::
+Gated-MLP energy (docs/cem.md §3), ``F = ∫SiLU``::
 
     variant A (tie="gate"): ε = − Σ_m (W_U ĥ)_m F(w_m·g),          ∇ = − Wᵀ(W_U ĥ ⊙ SiLU(W g)),  W = w_gate
     variant B (tie="up"):   ε = − ½ Σ_m SiLU(w^G_m·ĥ) (w_m·g)²,   ∇ = − Wᵀ(SiLU(W_G ĥ) ⊙ W g),  W = w_up
@@ -131,7 +131,7 @@ class InteractionContext:
 def interaction_context(h_ctx: torch.Tensor, w_k: torch.Tensor | None, n_heads: int, *,
                         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                         rope_mode: str = "exact") -> InteractionContext:
-    """Keys and values from the fixed context ``ĥ`` (B, N, d), computed once per sub-block (SPEC §3.6).
+    """Keys and values from the fixed context ``ĥ`` (B, N, d), computed once per sub-block (docs/cem.md §6).
 
     Raises:
         ValueError: ``rope_mode`` not in ("exact", "llama").
@@ -151,11 +151,11 @@ def interaction_grad(g: torch.Tensor, h_ctx: torch.Tensor, w_q: torch.Tensor | N
                      rope: tuple[torch.Tensor, torch.Tensor] | None = None, rope_mode: str = "exact",
                      tau: float | None = None, context: InteractionContext | None = None,
                      diag_mode: str | None = None) -> torch.Tensor:
-    """Analytic ``∇_g ε_att`` (B, N, d) (SPEC §3.2 gradient, §3.4 D+LR, §3.2 RoPE).
+    """Analytic ``∇_g ε_att`` (B, N, d) (docs/cem.md §2 gradient, §4 D+LR, §2.1 RoPE).
 
     Fast paths: no diagonal → ``SDPA(q, k, v, is_causal=True, scale=1/τ)`` then ``@ W_Q``;
     shared diagonal (d,) → one set of attention weights per head, summed over heads before the
-    diagonal term (two extra N×N×d products, SPEC §3.4); per-head diagonal (H, d) → augmented
+    diagonal term (two extra N×N×d products, docs/cem.md §4); per-head diagonal (H, d) → augmented
     heads ``[W_Q g ; d_k⊙g]`` / ``[W_K ĥ ; ĥ]`` through SDPA with explicit ``scale=1/τ``;
     ``w_q = w_k = None`` → diagonal-only heads through SDPA.
 
@@ -238,7 +238,7 @@ def interaction_energy(g: torch.Tensor, h_ctx: torch.Tensor, w_q: torch.Tensor |
                        w_k: torch.Tensor | None, n_heads: int, *, diag: torch.Tensor | None = None,
                        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                        tau: float | None = None, diag_mode: str | None = None) -> torch.Tensor:
-    """Per-token ``ε_att`` (B, N) = ``− Σ_k τ · lse_{j≤i}(s^k_ij / τ)`` (SPEC §3.2, §3.4).
+    """Per-token ``ε_att`` (B, N) = ``− Σ_k τ · lse_{j≤i}(s^k_ij / τ)`` (docs/cem.md §2, §4).
 
     Same arguments as :func:`interaction_grad`. With RoPE this is the rotated energy (the one
     whose gradient is the ``"exact"`` mode). Log-sum-exp in at least float32.
@@ -334,7 +334,7 @@ def gated_mlp_context(h_ctx: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Ten
 
 def gated_mlp_energy(g: torch.Tensor, h_ctx: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
                      tie: str = "gate") -> torch.Tensor:
-    """Per-token MLP energy (B, N) (SPEC §3.3).
+    """Per-token MLP energy (B, N) (docs/cem.md §3).
 
     ``tie="gate"`` (variant A, default): ``− Σ_m (W_U ĥ)_m F(w^gate_m·g)``, ``F(z) = z·softplus(z) + Li₂(−e^z)``.
     ``tie="up"`` (variant B): ``− ½ Σ_m SiLU(w^gate_m·ĥ) (w^up_m·g)²``.
@@ -351,7 +351,7 @@ def gated_mlp_energy(g: torch.Tensor, h_ctx: torch.Tensor, w_gate: torch.Tensor,
 
 def gated_mlp_grad(g: torch.Tensor, h_ctx: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
                    tie: str = "gate", context: torch.Tensor | None = None) -> torch.Tensor:
-    """Analytic ``∇_g`` of :func:`gated_mlp_energy` (B, N, d) (SPEC §3.3).
+    """Analytic ``∇_g`` of :func:`gated_mlp_energy` (B, N, d) (docs/cem.md §3).
 
     ``tie="gate"``: ``− W_Gᵀ(W_U ĥ ⊙ SiLU(W_G g))``; ``tie="up"``: ``− W_Uᵀ(SiLU(W_G ĥ) ⊙ W_U g)``.
     ``context``: precomputed :func:`gated_mlp_context` (B, N, d_ff), reused across recursion steps.
@@ -369,7 +369,7 @@ def gated_mlp_grad(g: torch.Tensor, h_ctx: torch.Tensor, w_gate: torch.Tensor, w
 # ----------------------------------------------------------------------------- norm Jacobian
 
 def rms_norm_vjp(x: torch.Tensor, v: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """``J_Norm(x)ᵀ v`` for ``RMSNorm(x) = γ ⊙ x / r``, ``r = sqrt(mean(x²) + eps)`` (SPEC §3.7 ``grad_through_norm``).
+    """``J_Norm(x)ᵀ v`` for ``RMSNorm(x) = γ ⊙ x / r``, ``r = sqrt(mean(x²) + eps)`` (docs/cem.md §7 ``grad_through_norm``).
 
     ``Jᵀ v = (γ⊙v)/r − x · (x·(γ⊙v)) / (d r³)``; shapes (…, d) -> (…, d). Used to turn ``∇_g ε`` into
     the true ``∇_x ε`` when the energy is differentiated through the norm.

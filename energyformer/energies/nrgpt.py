@@ -1,20 +1,20 @@
-"""NRGPT energies and their analytic partial gradients (SPEC §4.2, §4.3). Pure functions.
+"""NRGPT energies and their analytic partial gradients (docs/nrgpt.md §2, §3). Pure functions.
 
-Conventions (SPEC §1, DESIGN §3):
+Conventions (docs/README.md §2, docs/architecture.md §1):
 
 * ``g`` is the normalized token state, shape ``(B, N, d)``; tokens are rows.
 * Every ``*_energy`` returns per-token energies ``(B, N)`` (summed over heads and features).
 * Every ``*_grad`` returns ``(B, N, d)``: the exact partial derivative of token ``A``'s energy
   w.r.t. its own ``g_A`` with the causal context (earlier tokens ``g_B``) held fixed.
 
-Attention energy (SPEC §4.2), per head ``h`` with ``J_h ∈ R^{d×d}``::
+Attention energy (docs/nrgpt.md §2), per head ``h`` with ``J_h ∈ R^{d×d}``::
 
     E_A = −(1/β) Σ_h α_h log Σ_{B ∈ ctx(A)} exp(β g_Bᵀ J_h g_A)
     ∂E_A/∂g_A = −Σ_h α_h J_hᵀ Σ_B p^h_{AB} g_B,   p^h_{AB} = softmax_B(β g_Bᵀ J_h g_A)
 
 ``mask="strict"``: ``ctx(A) = {B < A}``; the first token has no context, so its attention
 energy and force are 0 (not −∞ / NaN). ``mask="inclusive"``: ``ctx(A) = {B ≤ A}``; the key slot
-``B = A`` is treated as a constant (the reference code's behaviour, SPEC §4.2 item 3), i.e. the
+``B = A`` is treated as a constant (the reference code's behaviour, docs/nrgpt.md §2 item 3), i.e. the
 gradient is taken w.r.t. the *query* occurrence of ``g_A`` only. The optional ``context``
 argument makes that explicit: the energy is evaluated with queries from ``g`` and keys from
 ``context`` (default ``g``), and ``*_grad`` is the derivative w.r.t. ``g`` at ``context = g``.
@@ -32,7 +32,7 @@ FF1/FF2W ``*_grad`` functions fused ``autograd.Function``s with hand-written bac
 ``*_grad_naive`` function is the plain reference (explicit masked softmax / the formula under
 ordinary autograd) held equal to it, and to ``torch.autograd`` on the energy, in the tests.
 
-Feed-forward energies (SPEC §4.3; σ = exact-erf GELU, biases as in the reference code)::
+Feed-forward energies (docs/nrgpt.md §3; σ = exact-erf GELU, biases as in the reference code)::
 
     FF1:  E = −‖σ(W g + b)‖²                         ∂E/∂g = −2 Wᵀ(σ(z) ⊙ σ'(z))
     FF2W: E = −gᵀ(W² σ(W¹ g + b¹) + b²)              ∂E/∂g = −(W² σ(z) + b²) − W¹ᵀ(σ'(z) ⊙ W²ᵀ g)
@@ -119,7 +119,7 @@ def _full_keys(context: torch.Tensor, J: torch.Tensor) -> torch.Tensor:
 
 def attention_energy(g: torch.Tensor, J: torch.Tensor, alpha: torch.Tensor, beta: float,
                      mask: str = "strict", context: torch.Tensor | None = None) -> torch.Tensor:
-    """NRGPT attention energy with one full ``d×d`` matrix per head (SPEC §4.2).
+    """NRGPT attention energy with one full ``d×d`` matrix per head (docs/nrgpt.md §2).
 
     Args:
         g: normalized states ``(B, N, d)`` (queries).
@@ -146,7 +146,7 @@ def attention_grad(g: torch.Tensor, J: torch.Tensor, alpha: torch.Tensor, beta: 
                    mask: str = "strict", dropout_p: float = 0.0) -> torch.Tensor:
     """Fast path (SDPA) for ``∂E_A/∂g_A`` of :func:`attention_energy`: ``(B, N, d)``.
 
-    ``= −Σ_h α_h Σ_{B ∈ ctx(A)} p^h_{AB} J_hᵀ g_B`` (SPEC §4.2). Queries are ``g`` itself,
+    ``= −Σ_h α_h Σ_{B ∈ ctx(A)} p^h_{AB} J_hᵀ g_B`` (docs/nrgpt.md §2). Queries are ``g`` itself,
     keys and values are ``J_hᵀ g_B``. ``dropout_p > 0`` drops attention weights (training only;
     the result is then a stochastic force, not the exact gradient). Token 0's force is 0 under
     the strict mask.
@@ -178,7 +178,7 @@ def attention_grad_naive(g: torch.Tensor, J: torch.Tensor, alpha: torch.Tensor, 
 def attention_energy_factored(g: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
                               alpha: torch.Tensor, beta: float, mask: str = "strict",
                               context: torch.Tensor | None = None) -> torch.Tensor:
-    """Attention energy with ``J_h = W^K_hᵀ W^Q_h`` (SPEC §4.2 paper form): ``(B, N)``.
+    """Attention energy with ``J_h = W^K_hᵀ W^Q_h`` (docs/nrgpt.md §2 paper form): ``(B, N)``.
 
     Args:
         g: ``(B, N, d)`` queries; ``context``: ``(B, N, d)`` keys (default ``g``).
@@ -271,7 +271,7 @@ def ff1_energy(g: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None) -> torc
 
 
 def ff1_grad(g: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """``∂E/∂g = −2 Wᵀ(σ(z) ⊙ σ'(z))``, ``z = W g + b`` (SPEC §4.3): ``(B, N, d)``.
+    """``∂E/∂g = −2 Wᵀ(σ(z) ⊙ σ'(z))``, ``z = W g + b`` (docs/nrgpt.md §3): ``(B, N, d)``.
 
     Fast path: a fused ``autograd.Function`` with a hand-written backward (saves two
     ``(…, M)`` tensors instead of the ~10 element-wise intermediates autograd would keep);
@@ -295,7 +295,7 @@ def ff2w_energy(g: torch.Tensor, W1: torch.Tensor, b1: torch.Tensor | None,
 
 def ff2w_grad(g: torch.Tensor, W1: torch.Tensor, b1: torch.Tensor | None,
               W2: torch.Tensor, b2: torch.Tensor | None) -> torch.Tensor:
-    """``∂E/∂g = −(W² σ(z) + b²) − W¹ᵀ(σ'(z) ⊙ W²ᵀ g)``, ``z = W¹ g + b¹`` (SPEC §4.3): ``(B, N, d)``.
+    """``∂E/∂g = −(W² σ(z) + b²) − W¹ᵀ(σ'(z) ⊙ W²ᵀ g)``, ``z = W¹ g + b¹`` (docs/nrgpt.md §3): ``(B, N, d)``.
 
     The first term is a standard MLP; the second is the symmetric correction.
     Fast path: a fused ``autograd.Function`` with a hand-written backward (saves four

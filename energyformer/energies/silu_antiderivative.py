@@ -1,4 +1,4 @@
-"""The antiderivative of SiLU and the real dilogarithm it needs (SPEC §3.3, §7.12).
+"""The antiderivative of SiLU and the real dilogarithm it needs (docs/cem.md §3, docs/testing.md §12).
 
 ``F(z) = ∫ SiLU = z·softplus(z) + Li₂(−e^z)``, with ``F' = SiLU`` and ``F(0) = −π²/12``.
 ``F`` is only used to *evaluate* the CEM MLP energy (monitoring, tests); the update uses SiLU.

@@ -1,7 +1,7 @@
 """Normalization layers used by every model and their registry (docs/cem.md §7, docs/nrgpt.md §4).
 
 ``LayerNorm(x) = γ ⊙ (x − μ)/sqrt(var + ε) + δ`` and ``RMSNorm(x) = γ ⊙ x / sqrt(mean(x²) + ε)``.
-``freeze_weight=True`` keeps γ at 1 as a non-trainable Parameter (NRGPT's ``BareLN``, SPEC §4.4).
+``freeze_weight=True`` keeps γ at 1 as a non-trainable Parameter (NRGPT's ``BareLN``, docs/nrgpt.md §4).
 Statistics are computed in float32 (float64 inputs stay float64).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Rotary position embedding layer (SPEC §2.3 Llama baseline, §3.2 CEM RoPE modes).
+"""Rotary position embedding layer (docs/baselines.md §3 Llama baseline, docs/cem.md §2.1 CEM RoPE modes).
 
 The math is in :mod:`energyformer.energies.heads` (re-exported here). :class:`RotaryEmbedding`
 holds ``head_dim`` and ``theta`` and returns ``(cos, sin)`` tables of shape ``(N, head_dim)``

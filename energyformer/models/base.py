@@ -247,6 +247,31 @@ class CausalLM(nn.Module):
         """Embedding tables excluded from the non-embedding count (override per model)."""
         return []
 
+    #: ``(old regex, new template)`` weight-name renames of earlier versions, applied by
+    #: :meth:`upgrade_state_dict` (e.g. version 0.1 names before the option registries)
+    legacy_renames: ClassVar[tuple[tuple[str, str], ...]] = ()
+
+    def upgrade_state_dict(self, tensors: dict[str, torch.Tensor],
+                           expected: Any = None) -> dict[str, torch.Tensor]:
+        """``tensors`` with the weight names of earlier versions renamed to today's.
+
+        Only names absent from ``expected`` (default: this model's ``state_dict`` keys) are
+        renamed, and only to names in it, so a current file is returned unchanged.
+        """
+        import re
+
+        expected = set(self.state_dict() if expected is None else expected)
+        out = {}
+        for name, t in tensors.items():
+            if name not in expected:
+                for old, new in self.legacy_renames:
+                    cand = re.sub(old, new, name)
+                    if cand != name and cand in expected:
+                        name = cand
+                        break
+            out[name] = t
+        return out
+
     def trace(self) -> "contextlib.AbstractContextManager[Trace]":
         """Record energies during the forward calls inside ``with model.trace() as trace:``.
 

@@ -1,4 +1,4 @@
-"""CEM-Llama: a Llama-shaped language model whose layers are CEM descent steps (SPEC §3.8).
+"""CEM-Llama: a Llama-shaped language model whose layers are CEM descent steps (docs/cem.md §8).
 
 Token embedding → ``n_layers`` :class:`~energyformer.layers.cem.CEMBlock` (attention energy
 step(s), then gated-MLP energy step(s), each with its own RMSNorm, RoPE in attention, no
@@ -71,7 +71,7 @@ class CEMConfig(LlamaShapeConfig):
             STEP_MAPS.get(self.preconditioner, "preconditioner").check_options(
                 d_model=self.d_model, rank=self.preconditioner_rank, rank_name="preconditioner_rank")
         if self.preconditioner is not None and (self.attn_step_size is not None or self.mlp_step_size is not None):
-            raise ValueError("attn_step_size/mlp_step_size must be None with a preconditioner (η ≡ 1, SPEC §3.6)")
+            raise ValueError("attn_step_size/mlp_step_size must be None with a preconditioner (η ≡ 1, docs/cem.md §6)")
 
     @property
     def resolved_attn_n_steps(self) -> int:
@@ -90,6 +90,8 @@ class CEMLlama(LlamaStyleLM):
     """
 
     embed_name, layers_name = "embed", "blocks"
+    legacy_renames = ((r"\.attn\.(q_proj|k_proj|diag)", r".attn.interaction.\1"),  # version 0.1 names
+                      (r"\.precond\.", ".preconditioner."))
 
     def make_layer(self, c: CEMConfig) -> CEMBlock:
         return CEMBlock(c.d_model, c.n_heads, c.resolved_d_ff, head_dim=c.head_dim,

@@ -143,6 +143,12 @@ class NRGPTConfig(ModelConfig):
 class NRGPT(LearnedPositionLM):
     """NRGPT language model ``idx (B, N) -> logits (B, N, V)`` (docs/nrgpt.md §6)."""
 
+    legacy_renames = ((r"^block\.(J|alpha|q_proj\.weight|k_proj\.weight)$", r"block.attention.\1"),  # version 0.1
+                      (r"^block\.(up_proj|down_proj|in_proj)\.", r"block.ff.\1."),
+                      (r"^block\.eta_proj\.weight$", "block.eta.weight"),
+                      (r"^block\.c_raw$", "block.eta.c_raw"),
+                      (r"^block\.eta_([LS])$", r"block.eta.\1"))
+
     def __init__(self, config: NRGPTConfig):
         super().__init__()
         self.config = c = config

@@ -123,6 +123,8 @@ def load_weights(model: nn.Module, path: str | Path) -> dict[str, str]:
     tensors, metadata = read_weights(path)
     target = unwrap_model(model)
     expected = {strip_wrapper_prefixes(k): v for k, v in target.state_dict().items()}
+    if hasattr(target, "upgrade_state_dict"):  # weight names of files written by older versions
+        tensors = target.upgrade_state_dict(tensors, expected)
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
     shapes = [f"{k}: file {tuple(tensors[k].shape)} vs model {tuple(v.shape)}"

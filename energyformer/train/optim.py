@@ -1,4 +1,4 @@
-"""Optimizer and learning-rate schedule (SPEC §4.6, §4.7).
+"""Optimizer and learning-rate schedule (docs/nrgpt.md §6, §7).
 
 - AdamW with weight decay on every parameter with >= 2 dimensions (matrices, embeddings, the
   NRGPT ``J_h`` and ``eta`` matrices) and none on 1-D ones (biases, norm gains, scalars such as
