@@ -261,21 +261,21 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any], overrides: Sequenc
             type (with the expected type) or an invalid value (from the dataclass).
     """
     raw, stem = _read_raw(path_or_dict)
-    raw = _with_overrides(raw, overrides)
-    if stem is not None and "out_dir" not in raw["train"]:
-        raw["train"]["out_dir"] = f"out/{stem}"
-
-    model_raw = dict(raw["model"])
-    if "arch" not in model_raw:
+    given = _with_overrides({section: {} for section in SECTIONS}, overrides)
+    arch = given["model"].get("arch", raw["model"].get("arch"))
+    if arch is None:
         raise ValueError(f"the model section needs an 'arch' key, one of {sorted(ARCHS)}")
-    arch = model_raw.pop("arch")
     if not isinstance(arch, str) or arch not in ARCHS:
         raise ValueError(f"model.arch={arch!r} is not valid; expected one of {sorted(ARCHS)}")
     _, cfg_cls = get_arch(arch)
-    upgrade = getattr(cfg_cls, "upgrade_dict", None)
-    if upgrade is not None:
-        model_raw = upgrade(model_raw)
-    raw["model"] = model_raw
+    # old key spellings are renamed in the recipe and in the overrides separately, so that an
+    # override under the old name replaces the recipe's value under the new one
+    raw["model"], given["model"] = cfg_cls.upgrade_dict(raw["model"]), cfg_cls.upgrade_dict(given["model"])
+    for section in SECTIONS:
+        raw[section].update(given[section])
+    if stem is not None and "out_dir" not in raw["train"]:
+        raw["train"]["out_dir"] = f"out/{stem}"
+    raw["model"] = {k: v for k, v in raw["model"].items() if k != "arch"}
 
     classes = {"model": cfg_cls, "data": DataConfig, "train": TrainConfig}
     for section, cls in classes.items():
