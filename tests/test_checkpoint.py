@@ -89,17 +89,22 @@ def test_wrapper_prefixes_are_not_saved(tmp_path):
 
 def test_train_state_is_weights_only_and_restores_everything(tmp_path):
     model, opt, gen = write_checkpoint(tmp_path)
-    state = torch.load(tmp_path / "train_state.pt", weights_only=True)
+    state = torch.load(tmp_path / "checkpoints/step-00000003/train_state.pt", weights_only=True)
     assert state["step"] == 3 and state["best_val_loss"] == 1.25
     assert {"optimizer", "rng", "data_generator", "format_version"} <= set(state)
     marker = checkpoint.find_checkpoint(tmp_path)
-    assert marker["step"] == 3 and set(marker["files"]) <= {p.name for p in tmp_path.iterdir()}
+    assert marker["step"] == 3 and all((tmp_path / f).is_file() for f in marker["files"])
+    assert marker["dir"] == "checkpoints/step-00000003"
+    # the top-level weights are the committed ones (a hard link)
+    assert os.path.samefile(tmp_path / "model.safetensors", tmp_path / marker["dir"] / "model.safetensors")
 
     model2 = build_model(model.config)
     opt2 = build_optimizer(model2, run_cfg(tmp_path).train)
     gen2 = torch.Generator().manual_seed(123)
     checkpoint.restore_checkpoint(tmp_path, model2, opt2, gen2)
     assert torch.equal(gen2.get_state(), gen.get_state())
+    # the optimizer state is keyed by parameter names (loads under one process, DDP or FSDP2)
+    assert all(isinstance(k, str) for k in state["optimizer"]["state"])
     s1, s2 = opt.state_dict()["state"], opt2.state_dict()["state"]
     assert s1.keys() == s2.keys()
     for k in s1:
@@ -134,19 +139,45 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path, monkeypatch):
 
 def test_no_temp_files_after_checkpoint(tmp_path):
     write_checkpoint(tmp_path)
-    write_checkpoint(tmp_path, step=4)  # overwrite
+    write_checkpoint(tmp_path, step=4)  # a newer checkpoint replaces the old one
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        ["config.yaml", "meta.json", "model.safetensors", "train_state.pt", "checkpoint.json"])
+        ["config.yaml", "meta.json", "model.safetensors", "checkpoints", "checkpoint.json"])
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-00000004"]
     assert checkpoint.find_checkpoint(tmp_path)["step"] == 4
+    write_checkpoint(tmp_path, step=4)  # the same step again: written beside, then switched
+    assert checkpoint.find_checkpoint(tmp_path)["dir"] == "checkpoints/step-00000004.1"
+    assert len(list((tmp_path / "checkpoints").iterdir())) == 1
 
 
 def test_find_checkpoint_incomplete(tmp_path):
     assert checkpoint.find_checkpoint(tmp_path) is None
     write_checkpoint(tmp_path)
-    (tmp_path / "train_state.pt").unlink()
+    (tmp_path / "checkpoints/step-00000003/train_state.pt").unlink()
     assert checkpoint.find_checkpoint(tmp_path) is None
     (tmp_path / "checkpoint.json").write_text("{not json")
     assert checkpoint.find_checkpoint(tmp_path) is None
+
+
+def test_format_1_run_directories_still_load_and_resume(tmp_path):
+    """Weights and train state at the top level, listed by the marker (version 0.2 layout)."""
+    model, opt, gen = write_checkpoint(tmp_path, step=3)
+    d = tmp_path / "checkpoints/step-00000003"
+    (tmp_path / "model.safetensors").unlink()
+    os.replace(d / "model.safetensors", tmp_path / "model.safetensors")
+    state = torch.load(d / "train_state.pt", weights_only=True)
+    state["optimizer"] = opt.state_dict()  # format 1: positional optimizer state
+    state["format_version"] = 1
+    torch.save(state, tmp_path / "train_state.pt")
+    (d / "train_state.pt").unlink()
+    d.rmdir()
+    (tmp_path / "checkpoint.json").write_text(json.dumps(
+        {"format_version": 1, "step": 3, "best_val_loss": 1.25,
+         "files": ["config.yaml", "meta.json", "model.safetensors", "train_state.pt"]}))
+    loaded, _, _ = rundir.load_run(tmp_path)
+    model2 = build_model(model.config)
+    opt2 = build_optimizer(model2, run_cfg(tmp_path).train)
+    assert checkpoint.restore_checkpoint(tmp_path, model2, opt2, torch.Generator())["step"] == 3
+    assert torch.equal(opt2.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
 
 
 def test_torn_checkpoint_is_detected(tmp_path):
@@ -158,14 +189,64 @@ def test_torn_checkpoint_is_detected(tmp_path):
         checkpoint.restore_checkpoint(tmp_path, model, opt, gen)
 
 
+def test_orphans_of_interrupted_saves_are_cleaned(tmp_path):
+    write_checkpoint(tmp_path, step=3)
+    root = tmp_path / "checkpoints"
+    (root / ".tmp-step-00000005-abc").mkdir()
+    (root / ".tmp-step-00000005-abc" / "model.safetensors").write_bytes(b"half")
+    (root / "step-00000005").mkdir()  # renamed, never committed
+    (tmp_path / ".model.safetensors.x1y2.tmp").write_bytes(b"half")
+    (tmp_path / "model.safetensors").unlink()  # killed between commit and re-link
+    removed = checkpoint.clean_orphans(tmp_path)
+    assert sorted(removed) == [".model.safetensors.x1y2.tmp", "checkpoints/.tmp-step-00000005-abc",
+                               "checkpoints/step-00000005"]
+    assert [p.name for p in root.iterdir()] == ["step-00000003"]
+    assert os.path.samefile(tmp_path / "model.safetensors", root / "step-00000003/model.safetensors")
+    rundir.load_run(tmp_path)
+
+
+def test_a_failed_save_keeps_the_committed_checkpoint(tmp_path, monkeypatch):
+    model, opt, gen = write_checkpoint(tmp_path, step=3)
+
+    def disk_full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        checkpoint.save_checkpoint(tmp_path, model, opt, 4, None, gen)
+    monkeypatch.undo()
+    assert checkpoint.find_checkpoint(tmp_path)["step"] == 3
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-00000003"]
+
+
+def test_run_dir_lock(tmp_path):
+    with rundir.lock_run_dir(tmp_path / "run"):
+        # flock is per open file description: a second open in this process is refused too
+        with pytest.raises(rundir.RunDirLockedError, match=f"in use by another training \\(pid {os.getpid()}\\)"):
+            with rundir.lock_run_dir(tmp_path / "run"):
+                pass
+    with rundir.lock_run_dir(tmp_path / "run"):  # released
+        pass
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(NotADirectoryError, match="is a file"):
+        with rundir.lock_run_dir(tmp_path / "file"):
+            pass
+
+
 def test_load_run_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="run directory .* does not exist"):
         rundir.load_run(tmp_path / "missing")
     with pytest.raises(FileNotFoundError, match="config.yaml"):
         rundir.load_run(tmp_path)
 
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(NotADirectoryError, match="is a file; expected a run directory"):
+        rundir.load_run(tmp_path / "afile")
+    (tmp_path / "afile").unlink()
+
     write_checkpoint(tmp_path)
-    weights = tmp_path / "model.safetensors"
+    (tmp_path / "model.safetensors").unlink()  # load_run reads the committed weights
+    weights = tmp_path / "checkpoints/step-00000003/model.safetensors"
     good = weights.read_bytes()
 
     weights.unlink()
@@ -201,6 +282,22 @@ def test_load_run_errors(tmp_path):
 
 def test_corrupt_train_state(tmp_path):
     model, opt, gen = write_checkpoint(tmp_path)
-    (tmp_path / "train_state.pt").write_bytes(b"not a torch file")
+    path = tmp_path / "checkpoints/step-00000003/train_state.pt"
+    path.write_bytes(b"not a torch file")
     with pytest.raises(ValueError, match="train_state.pt.*corrupt"):
         checkpoint.restore_checkpoint(tmp_path, model, opt, gen)
+
+
+def test_foreign_train_state_and_pickles(tmp_path):
+    """A train state of another program, or one with arbitrary objects: one clear line, never
+    advice to load it unsafely."""
+    model, opt, gen = write_checkpoint(tmp_path)
+    path = tmp_path / "checkpoints/step-00000003/train_state.pt"
+    torch.save({"epoch": 3, "model": {}}, path)
+    with pytest.raises(ValueError, match=r"not written by energyformer \(missing keys \['format_version', 'step'"):
+        checkpoint.restore_checkpoint(tmp_path, model, opt, gen)
+    torch.save({"step": 3, "payload": Path("x")}, path)  # a pickled class the safe loader refuses
+    with pytest.raises(ValueError) as err:
+        checkpoint.restore_checkpoint(tmp_path, model, opt, gen)
+    assert "holds objects other than tensors" in str(err.value)
+    assert "weights_only" not in str(err.value) and "\n" not in str(err.value)

@@ -109,3 +109,46 @@ def get_batch_reference(data: np.ndarray, batch_size: int, block_size: int,
     x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in ix.tolist()])
     y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in ix.tolist()])
     return x, y
+
+
+class BatchSampler:
+    """Training batches of one rank: a seeded, resumable stream shared by every rank.
+
+    One ``torch.Generator`` draws, step after step, the offsets of ``world_size * accum``
+    micro-batches (in the order of :func:`get_batch`); rank ``r`` keeps micro-batches
+    ``r * accum ... r * accum + accum - 1``. Every rank advances the same generator, so its
+    state (``generator.get_state()``, saved in a checkpoint) resumes every rank, and ``W``
+    ranks with ``A`` accumulation steps see exactly the windows of one process with ``W·A``.
+    With one rank it is :func:`get_batch` called ``accum`` times.
+
+    Args:
+        data: 1-D token array (see :func:`load_split`).
+        batch_size: B per micro-batch.
+        block_size: N.
+        generator: the CPU generator of the stream (seeded by the caller).
+        rank, world_size: this rank and the number of ranks.
+        device: where the batches go.
+
+    Raises:
+        ValueError: ``rank`` not in ``[0, world_size)``, or the checks of :func:`get_batch`.
+    """
+
+    def __init__(self, data: np.ndarray, batch_size: int, block_size: int, generator: torch.Generator,
+                 rank: int = 0, world_size: int = 1, device: str | torch.device = "cpu"):
+        _check_batch_args(data, batch_size, block_size, generator)
+        check_int("world_size", world_size, 1)
+        check_int("rank", rank, 0, world_size - 1)
+        self.data, self.batch_size, self.block_size = data, batch_size, block_size
+        self.generator, self.rank, self.world_size, self.device = generator, rank, world_size, device
+
+    def next_step(self, accum: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """This rank's ``accum`` micro-batches ``(x, y)``, each of shape (B, N), for the next step."""
+        check_int("accum", accum, 1)
+        mine = range(self.rank * accum, (self.rank + 1) * accum)
+        out = []
+        for j in range(self.world_size * accum):
+            if j in mine:
+                out.append(get_batch(self.data, self.batch_size, self.block_size, self.generator, self.device))
+            else:  # another rank's micro-batch: advance the stream the same way
+                _offsets(len(self.data), self.batch_size, self.block_size, self.generator)
+        return out

@@ -18,7 +18,8 @@ _SPLIT_SEED_STRIDE = 1_000_003
 @torch.no_grad()
 def estimate_loss(model: nn.Module, splits: Mapping[str, Any], *, eval_iters: int, batch_size: int,
                   block_size: int, seed: int, device: str | torch.device = "cpu",
-                  autocast: Any = None, get_batch: Callable | None = None) -> dict[str, float]:
+                  autocast: Any = None, get_batch: Callable | None = None, rank: int = 0,
+                  world_size: int = 1, all_reduce: Callable[[float], float] | None = None) -> dict[str, float]:
     """Mean loss over ``eval_iters`` random batches of each split, in eval mode.
 
     Each split draws its batches from its own ``torch.Generator`` seeded from ``seed`` and the
@@ -36,25 +37,39 @@ def estimate_loss(model: nn.Module, splits: Mapping[str, Any], *, eval_iters: in
         autocast: a context manager entered around each forward (e.g. bf16 autocast); none by default.
         get_batch: ``get_batch(data, B, N, generator, device) -> (x, y)``; default
             ``energyformer.data.get_batch``.
+        rank, world_size, all_reduce: with several processes, rank ``r`` evaluates batches
+            ``r, r + W, ...`` (every rank runs the same number of forwards, padding with
+            batches of weight 0, as sharded models need) and ``all_reduce`` sums a float over
+            ranks; the result is the mean over the same ``eval_iters`` batches as one process.
 
     Returns:
         ``{split name: mean loss in nats per token}``. The model's train/eval mode is restored.
+
     """
     if get_batch is None:
         from energyformer.data import get_batch
     was_training = model.training
     model.eval()
     out = {}
+    per_rank = -(-eval_iters // world_size)
     try:
         for i, (name, data) in enumerate(splits.items()):
             gen = torch.Generator().manual_seed(seed + _SPLIT_SEED_STRIDE * (i + 1))
-            total = 0.0
-            for _ in range(eval_iters):
-                x, y = get_batch(data, batch_size, block_size, gen, device)
+            total, first = 0.0, None
+            for j in range(per_rank * world_size):
+                if j < eval_iters:
+                    batch = get_batch(data, batch_size, block_size, gen, device if j % world_size == rank else "cpu")
+                    first = batch if first is None and j % world_size == rank else first
+                if j % world_size != rank:
+                    continue
+                weight = 1.0 if j < eval_iters else 0.0  # padding: as many forwards on every rank
+                x, y = batch if weight else (first if first is not None else batch)
+                if x.device != torch.device(device):
+                    x, y = x.to(device), y.to(device)
                 with autocast if autocast is not None else contextlib.nullcontext():
                     _, loss = model(x, y)
-                total += loss.item()
-            out[name] = total / eval_iters
+                total += weight * loss.item()
+            out[name] = (all_reduce(total) if all_reduce is not None else total) / eval_iters
     finally:
         model.train(was_training)
     return out

@@ -1,14 +1,35 @@
-"""Checkpoints in a run directory: weights + train state, committed by a marker file.
+"""Checkpoints in a run directory, committed crash-consistently by one atomic rename.
 
-A checkpoint is written as: weights and train state to temporary files, then weights and state
-replaced (``os.replace``), then the ``checkpoint.json`` marker. The marker, the safetensors
-metadata and the train state all record the step, so a checkpoint torn by a crash between the
-two replaces is detected rather than silently used. ``config.yaml`` and ``meta.json`` are
-written once per run by :func:`energyformer.runs.rundir.write_run_files`.
+Layout (format 2)::
+
+    checkpoint.json                         the marker: step, best val loss, the checkpoint folder,
+                                            its files, the identity of the training data
+    checkpoints/step-00000030/model.safetensors
+    checkpoints/step-00000030/train_state.pt
+    model.safetensors                       a hard link to the committed checkpoint's weights
+                                            (for tools that read the file directly)
+
+:func:`save_checkpoint` writes the new checkpoint into a temporary folder beside the old one
+(every file fsynced), renames the folder to ``checkpoints/step-N``, and then commits it by
+replacing ``checkpoint.json`` (``os.replace``: one atomic rename). Only then is the top-level
+``model.safetensors`` re-linked and the previous checkpoint folder removed. A crash at any
+moment leaves either the old checkpoint committed or the new one; never a mix. What an
+interrupted save leaves behind (temporary folders and files, an uncommitted step folder) is
+removed by :func:`clean_orphans`, which training calls on start while it holds the run
+directory's lock (``energyformer.runs.rundir.lock_run_dir``).
+
+Run directories of format 1 (the weights and train state at the top level, listed by the
+marker) are still found, loaded and resumed.
+
+The optimizer state is saved with parameter names as keys
+(``torch.distributed.checkpoint.state_dict``, full state dict), so a checkpoint written by a
+single process, DDP or FSDP2 resumes under any of them.
 """
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,40 +37,197 @@ import torch
 import torch.nn as nn
 
 from energyformer.runs.rng import rng_state, set_rng_state
-from energyformer.runs.rundir import CONFIG_FILE, MARKER_FILE, META_FILE, STATE_FILE, WEIGHTS_FILE
+from energyformer.runs.layout import CHECKPOINTS_DIR, CONFIG_FILE, MARKER_FILE, META_FILE, STATE_FILE, WEIGHTS_FILE
 from energyformer.runs.weights import load_weights, write_weights_file
-from energyformer.utils.io import atomic_path, atomic_write_json
+from energyformer.utils.io import atomic_write_json, temp_path_for
 
-FORMAT_VERSION = 1
-CHECKPOINT_FILES = (MARKER_FILE, WEIGHTS_FILE, STATE_FILE)  # what a fresh run deletes
+FORMAT_VERSION = 2
+_STEP_PREFIX = "step-"
+_TMP_PREFIX = ".tmp-"
+CHECKPOINT_FILES = (MARKER_FILE, WEIGHTS_FILE, STATE_FILE)  # top-level files a fresh run deletes
+STATE_KEYS = ("format_version", "step", "best_val_loss", "optimizer", "rng", "data_generator")
 
 
-def save_checkpoint(out_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, step: int,
-                    best_val_loss: float | None, data_generator: torch.Generator,
-                    extra: dict[str, Any] | None = None) -> Path:
-    """Write weights, then train state, then the ``checkpoint.json`` marker into ``out_dir``.
+def save_checkpoint(out_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | dict[str, Any],
+                    step: int, best_val_loss: float | None, data_generator: torch.Generator,
+                    extra: dict[str, Any] | None = None, data: dict[str, Any] | None = None,
+                    model_state: dict[str, torch.Tensor] | None = None,
+                    rng_ranks: list[dict[str, Any]] | None = None) -> Path:
+    """Write a checkpoint of ``step`` into ``out_dir`` and commit it; returns the marker path.
 
-    ``extra`` (primitives only) is stored in the train state. Returns the marker path.
+    Args:
+        out_dir: the run directory.
+        model: the model (its plain state dict is saved; wrapper prefixes are stripped).
+        optimizer: the optimizer, or an already gathered full optimizer state dict keyed by
+            parameter names (what distributed training passes; see :func:`optimizer_state`).
+        step: the optimizer step the checkpoint holds.
+        best_val_loss: best validation loss so far (None before the first evaluation).
+        data_generator: the generator that draws training batches (its state is saved).
+        extra: primitives stored in the train state (e.g. the last train loss, time totals).
+        data: the identity of the training data (``energyformer.data.data_identity``), recorded
+            in the marker so that resume, evaluation and sampling can refuse other data.
+        model_state: the full model state dict when the caller gathered it (FSDP2); default:
+            ``model.state_dict()``.
+        rng_ranks: with several processes, every rank's RNG states (rank order); each rank
+            restores its own when resumed with the same number of processes.
+
+    Raises:
+        OSError: the files could not be written (e.g. a full disk); the previous checkpoint
+            stays committed and no temporary file is left behind.
     """
     out_dir = Path(out_dir)
+    root = out_dir / CHECKPOINTS_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    opt_state = optimizer if isinstance(optimizer, dict) else optimizer_state(model, optimizer)
     state = {
         "format_version": FORMAT_VERSION,
         "step": int(step),
         "best_val_loss": None if best_val_loss is None else float(best_val_loss),
-        "optimizer": optimizer.state_dict(),
+        "optimizer": opt_state,
         "rng": rng_state(),
         "data_generator": data_generator.get_state(),
         "extra": dict(extra or {}),
     }
-    # both payloads are staged first, so the window in which the directory holds new weights
-    # with old state is only the time between two os.replace calls (the inner one, the weights,
-    # is replaced first)
-    with atomic_path(out_dir / STATE_FILE) as s_tmp, atomic_path(out_dir / WEIGHTS_FILE) as w_tmp:
-        write_weights_file(model, w_tmp, {"step": str(step)})
-        torch.save(state, s_tmp)
+    if rng_ranks is not None:
+        state["rng_ranks"] = rng_ranks
+    tmp = Path(_make_temp_dir(root, step))
+    try:
+        _stage(tmp, model, state, step, model_state)
+        final = _publish(root, tmp, step, find_checkpoint(out_dir))
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    rel = final.relative_to(out_dir).as_posix()
     marker = {"format_version": FORMAT_VERSION, "step": int(step), "best_val_loss": state["best_val_loss"],
-              "files": [CONFIG_FILE, META_FILE, WEIGHTS_FILE, STATE_FILE]}
+              "dir": rel, "files": [CONFIG_FILE, META_FILE, f"{rel}/{WEIGHTS_FILE}", f"{rel}/{STATE_FILE}"],
+              "data": data}
+    path = _commit(out_dir, marker)
+    _link_weights(out_dir, final)
+    _remove_other_checkpoints(root, keep=final)
+    return path
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a directory entry (a rename inside it) to disk; a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _make_temp_dir(root: Path, step: int) -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{_STEP_PREFIX}{step:08d}-", dir=root)
+
+
+def _stage(tmp: Path, model: nn.Module, state: dict[str, Any], step: int,
+           model_state: dict[str, torch.Tensor] | None) -> None:
+    """Write weights and train state into the temporary folder and flush both to disk."""
+    write_weights_file(model, tmp / WEIGHTS_FILE, {"step": str(step)}, state_dict=model_state)
+    torch.save(state, tmp / STATE_FILE)
+    for name in (WEIGHTS_FILE, STATE_FILE):
+        with open(tmp / name, "rb") as f:
+            os.fsync(f.fileno())
+    fsync_dir(tmp)
+
+
+def _publish(root: Path, tmp: Path, step: int, committed: dict[str, Any] | None) -> Path:
+    """Rename the staged folder to its step name (never the committed one); returns it."""
+    current = committed.get("dir") if committed else None
+    for name in (f"{_STEP_PREFIX}{step:08d}", f"{_STEP_PREFIX}{step:08d}.1"):
+        final = root / name
+        if current is not None and Path(current).name == name:
+            continue
+        if final.exists():  # an uncommitted folder of an interrupted save
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        fsync_dir(root)
+        return final
+    raise AssertionError("unreachable")
+
+
+def _commit(out_dir: Path, marker: dict[str, Any]) -> Path:
+    """The commit point: one atomic replace of ``checkpoint.json``."""
     return atomic_write_json(out_dir / MARKER_FILE, marker)
+
+
+def _link_weights(out_dir: Path, final: Path) -> None:
+    """Point the top-level ``model.safetensors`` at the committed weights (a hard link, else a copy)."""
+    target, src = out_dir / WEIGHTS_FILE, final / WEIGHTS_FILE
+    if target.exists() and os.path.samefile(target, src):
+        return
+    tmp = temp_path_for(target)
+    try:
+        tmp.unlink()
+        try:
+            os.link(src, tmp)
+        except OSError:  # a filesystem without hard links
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _remove_other_checkpoints(root: Path, keep: Path) -> None:
+    for path in root.iterdir():
+        if path != keep and path.is_dir() and (path.name.startswith(_STEP_PREFIX) or path.name.startswith(_TMP_PREFIX)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def clean_orphans(run_dir: str | Path) -> list[str]:
+    """Remove what interrupted saves left in ``run_dir``; returns the names removed.
+
+    Removed: temporary files of atomic writes (``.NAME.*.tmp``), temporary checkpoint folders
+    and step folders the marker does not name. The top-level ``model.safetensors`` is re-linked
+    to the committed weights. Call it only while holding the run directory's lock.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    removed = []
+    for path in run_dir.iterdir():
+        if path.is_file() and path.name.startswith(".") and path.name.endswith(".tmp"):
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    marker = find_checkpoint(run_dir)
+    root = run_dir / CHECKPOINTS_DIR
+    if root.is_dir():
+        keep = run_dir / marker["dir"] if marker and marker.get("dir") else None
+        for path in root.iterdir():
+            if path != keep:
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+                removed.append(f"{CHECKPOINTS_DIR}/{path.name}")
+        if keep is not None:
+            _link_weights(run_dir, keep)
+    return removed
+
+
+def delete_checkpoint(run_dir: str | Path) -> None:
+    """Remove every checkpoint file of ``run_dir`` (a fresh start): the marker first."""
+    run_dir = Path(run_dir)
+    for name in CHECKPOINT_FILES:
+        (run_dir / name).unlink(missing_ok=True)
+    shutil.rmtree(run_dir / CHECKPOINTS_DIR, ignore_errors=True)
+
+
+def has_checkpoint_files(run_dir: str | Path) -> list[str]:
+    """Names of checkpoint files or folders present in ``run_dir`` (complete or not)."""
+    run_dir = Path(run_dir)
+    found = [n for n in CHECKPOINT_FILES if (run_dir / n).exists()]
+    root = run_dir / CHECKPOINTS_DIR
+    if root.is_dir() and any(root.iterdir()):
+        found.append(CHECKPOINTS_DIR + "/")
+    return found
 
 
 def find_checkpoint(run_dir: str | Path) -> dict[str, Any] | None:
@@ -64,40 +242,97 @@ def find_checkpoint(run_dir: str | Path) -> dict[str, Any] | None:
         marker = json.loads(marker_path.read_text(encoding="utf-8"))
         files = marker["files"]
         int(marker["step"])
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+            return None
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError):
         return None
     if not all((Path(run_dir) / f).is_file() for f in files):
         return None
     return marker
 
 
+def checkpoint_dir(run_dir: str | Path, marker: dict[str, Any] | None = None) -> Path:
+    """The folder holding the committed weights and train state (the run directory for format 1)."""
+    run_dir = Path(run_dir)
+    marker = find_checkpoint(run_dir) if marker is None else marker
+    if marker and marker.get("dir"):
+        return run_dir / marker["dir"]
+    return run_dir
+
+
+def weights_path(run_dir: str | Path) -> Path:
+    """The committed ``model.safetensors`` of ``run_dir`` (the top-level file without a marker)."""
+    return checkpoint_dir(run_dir) / WEIGHTS_FILE
+
+
 def load_train_state(run_dir: str | Path) -> dict[str, Any]:
-    """Read ``train_state.pt`` with ``torch.load(weights_only=True)``.
+    """Read the committed ``train_state.pt`` with ``torch.load(weights_only=True)``.
 
     Raises:
-        FileNotFoundError: missing file. ValueError: unreadable file.
+        FileNotFoundError: missing file.
+        ValueError: the file is unreadable, holds objects other than tensors and plain
+            containers, or is not an energyformer train state (the message names the file and
+            the missing keys).
     """
-    path = Path(run_dir) / STATE_FILE
+    path = checkpoint_dir(run_dir) / STATE_FILE
     if not path.is_file():
         raise FileNotFoundError(f"train state {str(path)!r} not found; the run directory has no "
                                 "complete checkpoint to resume from")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise ValueError(f"train state {str(path)!r} is corrupt or not written by energyformer "
-                         f"({type(e).__name__}: {e})") from None
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any failure of the safe loader means: not ours
+        # the loader's own message advises unsafe loading; never pass that on
+        kind = "holds objects other than tensors and plain containers" if "weights_only" in str(e) \
+            else f"is unreadable ({type(e).__name__})"
+        raise ValueError(f"train state {str(path)!r} {kind}: it is corrupt or was not written by "
+                         "energyformer; start over with --train.resume never or choose another "
+                         "--train.out_dir") from None
+    if not isinstance(state, dict) or any(k not in state for k in STATE_KEYS):
+        missing = [k for k in STATE_KEYS if not isinstance(state, dict) or k not in state]
+        raise ValueError(f"train state {str(path)!r} was not written by energyformer (missing keys "
+                         f"{missing}); start over with --train.resume never or choose another --train.out_dir")
+    return state
+
+
+def optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's full state dict keyed by parameter names (any of plain, DDP, FSDP2).
+
+    Under FSDP2 every rank must call it (it gathers); the result is complete on every rank.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True,
+                                                                               cpu_offload=_is_sharded(model)))
+
+
+def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load what :func:`optimizer_state` returned (or a format-1 index-keyed state dict)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    keys = list(state.get("state", {})) + [p for g in state.get("param_groups", []) for p in g.get("params", [])]
+    if keys and all(isinstance(k, int) for k in keys):  # format 1: positional
+        optimizer.load_state_dict(state)
+        return
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def _is_sharded(model: nn.Module) -> bool:
+    return any(type(p).__name__ == "DTensor" for p in model.parameters())
 
 
 def restore_checkpoint(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer,
                        data_generator: torch.Generator) -> dict[str, Any]:
     """Load weights, optimizer state, RNG states and the data generator state from ``run_dir``.
 
+    ``model`` is the plain model (distributed training loads the weights before wrapping it
+    and the optimizer state after, with :func:`load_weights` and :func:`restore_train_state`).
+
     Returns the train state dict (``step``, ``best_val_loss``, ``extra``...).
 
     Raises:
         FileNotFoundError: no complete checkpoint in ``run_dir``.
-        ValueError: corrupt files, weights that do not match the model, or files from different
-            steps (a torn checkpoint).
+        ValueError: corrupt or foreign files, weights that do not match the model, or files
+            from different steps (a torn format-1 checkpoint).
     """
     run_dir = Path(run_dir)
     marker = find_checkpoint(run_dir)
@@ -105,14 +340,25 @@ def restore_checkpoint(run_dir: str | Path, model: nn.Module, optimizer: torch.o
         raise FileNotFoundError(f"{str(run_dir)!r} holds no complete checkpoint (expected {MARKER_FILE} "
                                 f"listing {CONFIG_FILE}, {META_FILE}, {WEIGHTS_FILE}, {STATE_FILE})")
     state = load_train_state(run_dir)
-    metadata = load_weights(model, run_dir / WEIGHTS_FILE)
+    metadata = load_weights(model, checkpoint_dir(run_dir, marker) / WEIGHTS_FILE)
+    check_consistent(run_dir, marker, state, metadata)
+    restore_train_state(model, optimizer, data_generator, state)
+    return state
+
+
+def check_consistent(run_dir: Path, marker: dict[str, Any], state: dict[str, Any], metadata: dict[str, str]) -> None:
+    """Raise ``ValueError`` unless the marker, the train state and the weights are of one step."""
     steps = {MARKER_FILE: int(marker["step"]), STATE_FILE: int(state["step"]),
              WEIGHTS_FILE: int(metadata.get("step", state["step"]))}
     if len(set(steps.values())) != 1:
         raise ValueError(f"checkpoint in {str(run_dir)!r} is inconsistent (files from different steps: "
                          f"{steps}); it was probably interrupted while saving. Start a new run with "
                          "--train.resume never or another --train.out_dir")
-    optimizer.load_state_dict(state["optimizer"])
+
+
+def restore_train_state(model: nn.Module, optimizer: torch.optim.Optimizer, data_generator: torch.Generator,
+                        state: dict[str, Any]) -> None:
+    """Load the optimizer state, every RNG state and the data generator state from ``state``."""
+    load_optimizer_state(model, optimizer, state["optimizer"])
     set_rng_state(state["rng"])
     data_generator.set_state(state["data_generator"])
-    return state

@@ -43,6 +43,9 @@ from energyformer.utils.io import atomic_write_text
 SECTIONS = ("model", "data", "train")
 LR_SCHEDULES = ("cosine", "exponential", "constant")
 DTYPES = ("float32", "bfloat16")
+PARALLEL = ("ddp", "fsdp")
+# TrainConfig fields whose None default is derived from another field (kept on resume unless given)
+DERIVED_TRAIN_KEYS = ("min_lr", "lr_decay_steps", "ckpt_interval")
 DEFAULT_OUT_DIR = "out/run"  # when there is no recipe file to name the run after
 
 
@@ -126,6 +129,8 @@ class TrainConfig:
         compile: ``torch.compile`` the model; null = on for CUDA only.
         num_threads: CPU threads for torch; null = torch's default.
         tensorboard: also write TensorBoard logs to ``out_dir/tb``.
+        parallel: under torchrun, ``"ddp"`` (DistributedDataParallel) or ``"fsdp"`` (FSDP2
+            ``fully_shard`` per layer / recurrent block); ignored by a single process.
 
     Raises:
         ValueError: any value out of range or of the wrong type, naming the option.
@@ -155,6 +160,7 @@ class TrainConfig:
     compile: bool | None = None
     num_threads: int | None = None
     tensorboard: bool = False
+    parallel: str = "ddp"
 
     def __post_init__(self) -> None:
         _check_nonempty_str("train.out_dir", self.out_dir)
@@ -194,6 +200,7 @@ class TrainConfig:
             check_int("train.num_threads", self.num_threads, 1)
         if not isinstance(self.tensorboard, bool):
             raise ValueError(f"train.tensorboard={self.tensorboard!r} must be true or false")
+        check_choice("train.parallel", self.parallel, PARALLEL)
 
     @property
     def sequences_per_step(self) -> int:
@@ -215,11 +222,17 @@ def _check_device(device: Any) -> str:
 
 @dataclass
 class RunConfig:
-    """A full run: ``model`` (the arch's ModelConfig), ``data`` and ``train`` sections."""
+    """A full run: ``model`` (the arch's ModelConfig), ``data`` and ``train`` sections.
+
+    ``explicit`` (set by :func:`load_config`) names, per section, the keys the recipe or the
+    command line gave; ``None`` when unknown. Resuming keeps the run's derived values
+    (``DERIVED_TRAIN_KEYS``) unless they were given explicitly.
+    """
 
     model: ModelConfig
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    explicit: dict[str, frozenset[str]] | None = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (lists instead of tuples) in the recipe layout."""
@@ -287,7 +300,8 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any], overrides: Sequenc
         data = DataConfig(**ns.data.as_dict())
         ns.model.vocab_size = _vocab_from_meta(data.path, default_vocab_size)
     init = parser.instantiate(ns)
-    return RunConfig(model=init.model, data=init.data, train=init.train)
+    explicit = {section: frozenset(raw[section]) for section in SECTIONS}
+    return RunConfig(model=init.model, data=init.data, train=init.train, explicit=explicit)
 
 
 def save_config(run_cfg: RunConfig, path: str | Path) -> Path:

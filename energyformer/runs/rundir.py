@@ -8,7 +8,11 @@ Layout of a run directory (``train.out_dir``)::
                        aliases in the file metadata, no ``module.`` / ``_orig_mod.`` prefixes
     train_state.pt     optimizer state, step, best val loss, RNG states, data generator state;
                        loaded with ``torch.load(weights_only=True)`` (``energyformer.runs.checkpoint``)
-    checkpoint.json    completion marker, written last (``energyformer.runs.checkpoint``)
+    checkpoint.json    the commit marker: names the checkpoint folder ``checkpoints/step-N/``
+                       (weights + train state) and records the data identity
+                       (``energyformer.runs.checkpoint``); ``model.safetensors`` above is a hard
+                       link to the committed weights
+    .lock              held (``flock``) by the training that writes the directory
     metrics.jsonl      training log, one JSON object per line (written by ``energyformer.train``)
     summary.json       final numbers of a finished run (what ``energyformer compare`` tabulates)
 
@@ -16,30 +20,76 @@ Every file is written atomically (``energyformer.utils.io``).
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
+from energyformer.runs.checkpoint import find_checkpoint, weights_path
 from energyformer.runs.config import RunConfig, load_config, save_config
 from energyformer.runs.weights import load_weights
 from energyformer.utils.io import atomic_write_json
 
-CONFIG_FILE = "config.yaml"
-META_FILE = "meta.json"
-WEIGHTS_FILE = "model.safetensors"
-STATE_FILE = "train_state.pt"
-MARKER_FILE = "checkpoint.json"
-METRICS_FILE = "metrics.jsonl"
-SUMMARY_FILE = "summary.json"
+from energyformer.runs.layout import (CONFIG_FILE, LOCK_FILE, MARKER_FILE, META_FILE, METRICS_FILE,  # noqa: F401
+                                      STATE_FILE, SUMMARY_FILE, WEIGHTS_FILE)
 
 
-def write_run_files(run_dir: str | Path, run_cfg: RunConfig, meta: dict[str, Any]) -> None:
-    """Write ``config.yaml`` (resolved run config) and ``meta.json`` (data meta copy) atomically."""
+class RunDirLockedError(ValueError):
+    """Another process holds the run directory's lock (another training writes there)."""
+
+
+@contextlib.contextmanager
+def lock_run_dir(run_dir: str | Path) -> Iterator[Path]:
+    """Hold an exclusive lock on ``run_dir`` (created if needed) for the body of the ``with``.
+
+    The lock is ``flock`` on ``run_dir/.lock`` (released by the OS when the process dies, so a
+    killed training never leaves a stale lock); the file records the holder's pid. Where
+    ``fcntl`` does not exist (Windows) nothing is locked.
+
+    Raises:
+        RunDirLockedError: another process holds the lock (the message names its pid).
+        NotADirectoryError: ``run_dir`` is an existing file.
+        PermissionError / OSError: the directory cannot be created or written.
+    """
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise NotADirectoryError(f"train.out_dir={str(run_dir)!r} is a file; expected a run directory "
+                                 "(or a path where one can be created)")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield run_dir
+        return
+    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+            raise RunDirLockedError(f"train.out_dir={str(run_dir)!r} is in use by another training "
+                                    f"(pid {holder}); wait for it to finish or choose another "
+                                    "--train.out_dir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        yield run_dir
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def write_run_files(run_dir: str | Path, run_cfg: RunConfig, meta: dict[str, Any], write_meta: bool = True) -> None:
+    """Write ``config.yaml`` (resolved run config) and ``meta.json`` (data meta copy) atomically.
+
+    ``write_meta=False`` (a resumed run) keeps the run's meta.json: the tokenizer a run was
+    trained with is never replaced.
+    """
     run_dir = Path(run_dir)
     save_config(run_cfg, run_dir / CONFIG_FILE)
-    atomic_write_json(run_dir / META_FILE, meta, sort_keys=True)
+    if write_meta or not (run_dir / META_FILE).is_file():
+        atomic_write_json(run_dir / META_FILE, meta, sort_keys=True)
 
 
 def read_run_config(run_dir: str | Path) -> RunConfig:
@@ -128,20 +178,38 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> tuple[A
         :class:`RunConfig` from ``config.yaml`` and the data meta dict (the run's ``meta.json``,
         falling back to the data directory's).
 
+    The weights are the committed checkpoint's (``checkpoint.json``), else the top-level
+    ``model.safetensors``. The tokenizer (meta.json) is checked against the data identity the
+    run recorded, so a run is never decoded with another character table.
+
     Raises:
+        NotADirectoryError: ``run_dir`` is a file.
         FileNotFoundError: the directory, ``config.yaml``, ``model.safetensors`` or any meta.json
             is missing (the message names the file).
-        ValueError: corrupt weights or config, or weights that do not match the config.
+        ValueError: corrupt weights or config, weights that do not match the config, or a
+            meta.json whose vocabulary differs from the one the run trained with (named).
     """
     from energyformer.models.registry import build_model
 
+    from energyformer.data import identity_change, vocab_identity
+
     run_dir = Path(run_dir)
+    if run_dir.is_file():
+        raise NotADirectoryError(f"{str(run_dir)!r} is a file; expected a run directory written by "
+                                 "`energyformer train` (its train.out_dir)")
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run directory {str(run_dir)!r} does not exist")
     run_cfg = read_run_config(run_dir)
     meta = read_run_meta(run_dir, run_cfg)
+    marker = find_checkpoint(run_dir)
+    recorded = (marker or {}).get("data")
+    if isinstance(recorded, dict):
+        change = identity_change(recorded, vocab_identity(meta), None, meta)
+        if change:
+            raise ValueError(f"the meta.json found for run {str(run_dir)!r} does not match the data it was "
+                             f"trained on: {change}; restore the run's meta.json or re-prepare the data it used")
     model = build_model(run_cfg.model)
-    load_weights(model, run_dir / WEIGHTS_FILE)
+    load_weights(model, weights_path(run_dir))
     model.to(device)
     model.eval()
     return model, run_cfg, meta

@@ -42,15 +42,29 @@ def unwrap_model(model: nn.Module) -> nn.Module:
             return model
 
 
-def weights_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def weights_state(model: nn.Module, state_dict: dict[str, torch.Tensor] | None = None
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """``(tensors, aliases)``: the state dict (on CPU) with each shared tensor stored once.
 
     ``aliases`` maps every extra name of a tied tensor to the name kept in ``tensors``.
+    ``state_dict`` replaces ``model.state_dict()`` (e.g. the full state gathered from FSDP2
+    shards); its tied names must share storage as the model's do.
     """
     tensors: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
     seen: dict[tuple, str] = {}
-    for name, t in unwrap_model(model).state_dict().items():
+    plain = unwrap_model(model)
+    source = plain.state_dict() if state_dict is None else state_dict
+    if state_dict is not None:  # gathered tensors share no storage: take the ties from the model
+        first: dict[int, str] = {}
+        for name, p in plain.named_parameters(remove_duplicate=False):
+            name = strip_wrapper_prefixes(name)
+            if id(p) in first and name in source:
+                aliases[name] = first[id(p)]
+            else:
+                first.setdefault(id(p), name)
+        source = {k: v for k, v in source.items() if strip_wrapper_prefixes(k) not in aliases}
+    for name, t in source.items():
         name = strip_wrapper_prefixes(name)
         key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
                tuple(t.stride()), t.dtype) if t.numel() else None
@@ -63,11 +77,15 @@ def weights_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, 
     return tensors, aliases
 
 
-def write_weights_file(model: nn.Module, path: str | Path, metadata: dict[str, str] | None = None) -> None:
-    """Write the safetensors file in place (not atomic: callers stage it, see :func:`save_weights`)."""
+def write_weights_file(model: nn.Module, path: str | Path, metadata: dict[str, str] | None = None,
+                       state_dict: dict[str, torch.Tensor] | None = None) -> None:
+    """Write the safetensors file in place (not atomic: callers stage it, see :func:`save_weights`).
+
+    ``state_dict``: see :func:`weights_state`.
+    """
     from safetensors.torch import save_file
 
-    tensors, aliases = weights_state(model)
+    tensors, aliases = weights_state(model, state_dict)
     meta = {"format": "pt", "energyformer_format": str(FORMAT_VERSION), "aliases": json.dumps(aliases)}
     meta.update(metadata or {})
     save_file(tensors, str(path), metadata=meta)

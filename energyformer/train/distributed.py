@@ -1,0 +1,203 @@
+"""Many processes: DDP (default) or FSDP2 under ``torchrun``, applied to a single-device model.
+
+    torchrun --standalone --nproc_per_node=4 -m energyformer train RECIPE.yaml
+    torchrun --standalone --nproc_per_node=4 -m energyformer train RECIPE.yaml --train.parallel fsdp
+
+The model code stays single-device; :func:`wrap_model` applies the parallelism afterwards in one
+place (torchtitan's pattern): ``DistributedDataParallel`` (no ``find_unused_parameters``) or
+FSDP2's ``fully_shard`` on every layer (the elements of the model's top-level ``ModuleList``
+s), on the shared block of a recurrent model (``model.block``, kept gathered across its
+``n_steps`` applications) and on the root. The backend is NCCL when the processes use CUDA
+devices, else gloo (CPU). Rank 0 logs, writes metrics and checkpoints; every rank draws its own
+micro-batches from the shared seeded batch stream (``energyformer.data.BatchSampler``), so
+``W`` ranks with ``A`` accumulation steps train on exactly the windows that one process with
+``W·A`` accumulation steps trains on. Gradient accumulation skips the gradient
+synchronisation on all but the last micro-batch (:func:`sync_gradients`).
+
+A single process (no ``WORLD_SIZE`` in the environment, or ``WORLD_SIZE=1``) uses none of this.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as tdist
+import torch.nn as nn
+
+from energyformer.utils.device import resolve_device
+
+PARALLEL_MODES = ("ddp", "fsdp")
+_TIMEOUT = datetime.timedelta(minutes=10)
+
+
+@dataclass
+class DistInfo:
+    """Where this process stands: ``rank`` of ``world_size``, its ``device`` and ``parallel`` mode."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    parallel: str = "ddp"
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.enabled:
+            tdist.barrier()
+
+    def all_reduce(self, value: float, op: str = "sum") -> float:
+        """``value`` summed (``"sum"``), averaged (``"mean"``) or maximized (``"max"``) over ranks."""
+        if not self.enabled:
+            return float(value)
+        t = torch.tensor([float(value)], dtype=torch.float64,
+                         device=self.device if self.device.type == "cuda" else "cpu")
+        tdist.all_reduce(t, op=tdist.ReduceOp.MAX if op == "max" else tdist.ReduceOp.SUM)
+        out = float(t.item())
+        return out / self.world_size if op == "mean" else out
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` (picklable), in rank order."""
+        if not self.enabled:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        tdist.all_gather_object(out, obj)
+        return out
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        if not self.enabled:
+            return obj
+        box = [obj]
+        tdist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+def init_distributed(device: str, parallel: str = "ddp") -> DistInfo:
+    """Join the process group that ``torchrun`` describes in the environment, if any.
+
+    Args:
+        device: ``train.device``. Under torchrun ``"auto"``/``"cuda"`` mean ``cuda:LOCAL_RANK``
+            (NCCL) when CUDA is available, and ``"auto"``/``"cpu"`` mean the CPU (gloo).
+        parallel: ``"ddp"`` or ``"fsdp"``.
+
+    Raises:
+        ValueError: an explicit ``cuda:N`` under torchrun (each process takes ``cuda:LOCAL_RANK``),
+            a device that is not available, or a ``WORLD_SIZE``/``RANK`` that is not an integer.
+    """
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    except ValueError:
+        raise ValueError("WORLD_SIZE, RANK and LOCAL_RANK must be integers (as torchrun sets them); got "
+                         f"{os.environ.get('WORLD_SIZE')!r}, {os.environ.get('RANK')!r}, "
+                         f"{os.environ.get('LOCAL_RANK')!r}") from None
+    if world <= 1:
+        return DistInfo(device=resolve_device(device), parallel=parallel)
+    if ":" in device:
+        raise ValueError(f"train.device={device!r} under torchrun: each process uses cuda:LOCAL_RANK; "
+                         "give train.device cuda, cpu or auto")
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        dev = resolve_device(f"cuda:{local_rank}")
+        torch.cuda.set_device(dev)
+    else:
+        dev = resolve_device("cpu" if device == "auto" else device)
+    if not tdist.is_initialized():
+        tdist.init_process_group("nccl" if dev.type == "cuda" else "gloo", timeout=_TIMEOUT,
+                                 **({"device_id": dev} if dev.type == "cuda" else {}))
+    return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=dev, parallel=parallel)
+
+
+def shutdown(info: DistInfo) -> None:
+    """Leave the process group (if this process joined one)."""
+    if info.enabled and tdist.is_initialized():
+        tdist.destroy_process_group()
+
+
+def shard_units(model: nn.Module) -> list[tuple[nn.Module, bool]]:
+    """``(module, reused)`` pairs that FSDP2 shards on their own: layers and recurrent blocks.
+
+    A model may define ``shard_units()`` returning its modules; otherwise every element of a
+    top-level ``nn.ModuleList`` (GPT blocks, Llama/CEM layers) and a top-level ``block`` (the
+    one block NRGPT and the recurrent GPT apply ``n_steps`` times; ``reused=True``).
+    """
+    if hasattr(model, "shard_units"):
+        return [(m, False) for m in model.shard_units()]
+    units = []
+    for name, child in model.named_children():
+        if isinstance(child, nn.ModuleList):
+            units.extend((m, False) for m in child)
+        elif name == "block":
+            units.append((child, True))
+    return units
+
+
+def wrap_model(model: nn.Module, info: DistInfo) -> nn.Module:
+    """The model to train: ``model`` itself (one process), DDP around it, or it sharded by FSDP2.
+
+    FSDP2 changes ``model`` in place (its parameters become DTensor shards); the returned
+    module is ``model``. A reused block is not resharded between its applications.
+    """
+    if not info.enabled:
+        return model
+    if info.parallel == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for unit, reused in shard_units(model):
+            fully_shard(unit, reshard_after_forward=not reused)
+        fully_shard(model)
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
+
+
+@contextlib.contextmanager
+def sync_gradients(wrapped: nn.Module, sync: bool) -> Iterator[None]:
+    """Synchronise gradients in this backward only when ``sync`` (the last micro-batch of a step)."""
+    if hasattr(wrapped, "no_sync") and not sync:  # DDP
+        with wrapped.no_sync():
+            yield
+        return
+    if hasattr(wrapped, "set_requires_gradient_sync"):  # FSDP2
+        wrapped.set_requires_gradient_sync(sync)
+    yield
+
+
+def full_model_state(model: nn.Module, info: DistInfo) -> dict[str, torch.Tensor] | None:
+    """The full (gathered, CPU) model state dict under FSDP2 (every rank must call); else None."""
+    if not (info.enabled and info.parallel == "fsdp"):
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def to_local_float(t: torch.Tensor) -> float:
+    """A (possibly DTensor) scalar as a float."""
+    if hasattr(t, "full_tensor"):
+        t = t.full_tensor()
+    return float(t)
+
+
+def all_finite(model: nn.Module, info: DistInfo) -> bool:
+    """Whether every parameter (every shard on every rank) is finite."""
+    ok = True
+    for p in model.parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        if not bool(torch.isfinite(local).all()):
+            ok = False
+            break
+    return info.all_reduce(0.0 if ok else 1.0, "max") == 0.0
