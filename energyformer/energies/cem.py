@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from energyformer._validate import check_choice
-from energyformer.energies.heads import apply_rope, merge_heads, rope_matrices, split_heads
+from energyformer.energies.heads import (apply_rope, causal_mask, merge_heads, rope_matrices, sdpa_causal_kwargs,
+                                         split_heads)
 from energyformer.energies.silu_antiderivative import silu_antiderivative
 
 ROPE_MODES = ("exact", "llama")
@@ -74,13 +75,19 @@ def diag_mode_of(diag: torch.Tensor | None) -> str:
 
 
 def _check_interaction(g: torch.Tensor, h_ctx: torch.Tensor, w_q, w_k, n_heads: int, diag,
-                       tau: float | None, rope, diag_mode: str | None) -> tuple[int, float, str]:
+                       tau: float | None, rope, diag_mode: str | None,
+                       allow_longer_context: bool = False) -> tuple[int, float, str]:
     """Validate shapes against the declared ``diag_mode``; return ``(head_dim, tau, diag_mode)``.
+
+    ``allow_longer_context``: ``h_ctx`` may hold ``S ≥ N`` positions (cached decoding: ``g`` are
+    the last ``N``); ``rope`` then holds the tables of the queries' positions.
 
     Raises:
         ValueError: any mismatch, naming the argument, its shape and the expected one.
     """
-    if g.dim() != 3 or h_ctx.shape != g.shape:
+    longer_ok = (allow_longer_context and g.dim() == 3 and h_ctx.dim() == 3 and h_ctx.shape[0] == g.shape[0]
+                 and h_ctx.shape[2] == g.shape[2] and h_ctx.shape[1] >= g.shape[1])
+    if (g.dim() != 3 or h_ctx.shape != g.shape) and not longer_ok:
         raise ValueError(f"g and h_ctx must both be (B, N, d); got {tuple(g.shape)} and {tuple(h_ctx.shape)}")
     d = g.shape[-1]
     mode = diag_mode_of(diag) if diag_mode is None else check_choice("diag_mode", diag_mode, DIAG_MODES)
@@ -116,12 +123,13 @@ def _check_interaction(g: torch.Tensor, h_ctx: torch.Tensor, w_q, w_k, n_heads: 
 class InteractionContext:
     """What a CEM attention sub-block computes once from its input and reuses at every step.
 
-    ``h``: ĥ (B, N, d). ``k``: keys ``R_j W_K ĥ_j`` (B, H, N, d_h) or None (diagonal only).
+    ``h``: ĥ (B, N, d) (None in a cached context without a diagonal, where it is not needed).
+    ``k``: keys ``R_j W_K ĥ_j`` (B, H, N, d_h) or None (diagonal only).
     ``v``: values (B, H, N, d_h): the rotated keys (no RoPE / exact mode) or the un-rotated keys
     (llama mode). ``rope``: the (cos, sin) used, or None. ``rope_mode``: "exact" or "llama".
     """
 
-    h: torch.Tensor
+    h: torch.Tensor | None
     k: torch.Tensor | None
     v: torch.Tensor | None
     rope: tuple[torch.Tensor, torch.Tensor] | None
@@ -169,23 +177,29 @@ def interaction_grad(g: torch.Tensor, h_ctx: torch.Tensor, w_q: torch.Tensor | N
         diag: None, (d,) shared, or (H, d) per head. rope: (cos, sin), each (N, d_h), or None.
         tau: temperature, default ``sqrt(d_h)`` (required when ``w_q`` is None).
         context: precomputed :func:`interaction_context` of ``h_ctx`` (then ``w_k`` is only checked).
+            Cached decoding (docs/architecture.md §5): ``context`` and ``h_ctx`` may hold ``S ≥ N``
+            positions, ``g`` being the last ``N`` of them; ``context.rope`` (and ``rope``) are then
+            the tables of the queries' positions (the cached keys are already rotated).
         diag_mode: ``"none"``, ``"shared"`` or ``"per_head"``: the D+LR form ``diag`` holds (checked
             against its shape); ``None`` reads it from the shape (:func:`diag_mode_of`).
 
     Raises:
         ValueError: inconsistent shapes, unknown ``rope_mode``/``diag_mode``, missing ``tau``.
     """
-    head_dim, tau, diag_mode = _check_interaction(g, h_ctx, w_q, w_k, n_heads, diag, tau, rope, diag_mode)
+    head_dim, tau, diag_mode = _check_interaction(g, h_ctx, w_q, w_k, n_heads, diag, tau, rope, diag_mode,
+                                                  allow_longer_context=context is not None)
     ctx = context if context is not None else interaction_context(h_ctx, w_k, n_heads, rope=rope,
                                                                   rope_mode=rope_mode)
     h = ctx.h
     b, n, d = g.shape
+    s_len = (ctx.k if ctx.k is not None else h).shape[-2]  # = n without a cache; queries: the last n
+    causal = {"is_causal": True} if s_len == n else sdpa_causal_kwargs(n, s_len, g.device)
     scale = 1.0 / tau
     # The minus sign of the gradient is put on the (small) weights, not on the (B, N, d) activations.
     if w_q is None:  # diagonal-only heads: q = d_k ⊙ g, k = v = ĥ
         dq = diag[None, :, None, :] * g[:, None]
-        hk = h[:, None].expand(b, n_heads, n, d)
-        o = F.scaled_dot_product_attention(dq, hk, hk, is_causal=True, scale=scale)
+        hk = h[:, None].expand(b, n_heads, s_len, d)
+        o = F.scaled_dot_product_attention(dq, hk, hk, **causal, scale=scale)
         return ((-diag)[None, :, None, :] * o).sum(1)
 
     q = split_heads(g @ w_q.t(), n_heads)
@@ -193,22 +207,23 @@ def interaction_grad(g: torch.Tensor, h_ctx: torch.Tensor, w_q: torch.Tensor | N
         q = apply_rope(q, *ctx.rope)
     diag_term = None
     if diag_mode == "none":
-        y = F.scaled_dot_product_attention(q, ctx.k, ctx.v, is_causal=True, scale=scale)
+        y = F.scaled_dot_product_attention(q, ctx.k, ctx.v, **causal, scale=scale)
     elif diag_mode == "shared":
         # Shared diagonal: its score is head-independent, and its update is linear in the
         # weights, so Σ_k d ⊙ Σ_j a^k_ij ĥ_j = d ⊙ Σ_j (Σ_k a^k_ij) ĥ_j.
         s = q @ ctx.k.transpose(-1, -2) + ((g * diag) @ h.transpose(-1, -2))[:, None]
         s = s.to(_softmax_dtype(s.dtype)) * scale
-        s = s.masked_fill(~_causal_mask(n, g.device), float("-inf"))
-        a = torch.softmax(s, dim=-1).to(q.dtype)  # (B, H, N, N)
+        allowed = _causal_mask(n, g.device) if s_len == n else causal_mask(n, s_len, g.device)
+        s = s.masked_fill(~allowed, float("-inf"))
+        a = torch.softmax(s, dim=-1).to(q.dtype)  # (B, H, N, S)
         y = a @ ctx.v
         diag_term = (-diag) * (a.sum(1) @ h)
     else:  # per_head
-        hk = h[:, None].expand(b, n_heads, n, d)
+        hk = h[:, None].expand(b, n_heads, s_len, d)
         qa = torch.cat((q, diag[None, :, None, :] * g[:, None]), dim=-1)
         ka = torch.cat((ctx.k, hk), dim=-1)
         va = ka if ctx.v is ctx.k else torch.cat((ctx.v, hk), dim=-1)
-        o = F.scaled_dot_product_attention(qa, ka, va, is_causal=True, scale=scale)
+        o = F.scaled_dot_product_attention(qa, ka, va, **causal, scale=scale)
         y, o2 = o.split((head_dim, d), dim=-1)
         diag_term = ((-diag)[None, :, None, :] * o2).sum(1)
     if ctx.rope is not None and ctx.rope_mode == "exact":

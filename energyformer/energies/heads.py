@@ -18,7 +18,8 @@ import torch
 
 from energyformer._validate import check_float, check_int
 
-__all__ = ["split_heads", "merge_heads", "rope_cos_sin", "rotate_half", "apply_rope", "rope_matrices"]
+__all__ = ["split_heads", "merge_heads", "rope_cos_sin", "rotate_half", "apply_rope", "rope_matrices",
+           "causal_mask", "sdpa_causal_kwargs"]
 
 
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -35,22 +36,25 @@ def merge_heads(y: torch.Tensor) -> torch.Tensor:
 
 def rope_cos_sin(n_positions: int, head_dim: int, theta: float = 10000.0, *,
                  device: torch.device | str | None = None,
-                 dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return ``(cos, sin)``, each ``(n_positions, head_dim)``, for positions ``0 … n_positions−1``.
+                 dtype: torch.dtype = torch.float32, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return ``(cos, sin)``, each ``(n_positions, head_dim)``, for positions ``start … start+n_positions−1``
+    (``start > 0``: the new tokens of cached decoding, docs/architecture.md §5).
 
     The angles are computed in float64 and cast to ``dtype`` (so float64 tests are exact to
     rounding and float32 matches Hugging Face Llama to ~1e-7).
 
     Raises:
-        ValueError: ``head_dim`` odd or < 2, ``n_positions < 1``, ``theta <= 0``.
+        ValueError: ``head_dim`` odd or < 2, ``n_positions < 1``, ``start < 0``, ``theta <= 0``.
     """
     check_int("n_positions", n_positions, 1)
+    check_int("start", start, 0)
     check_int("head_dim", head_dim, 2)
     if head_dim % 2:
         raise ValueError(f"head_dim={head_dim} must be even to use RoPE (features are rotated in pairs)")
     check_float("rope_theta", theta, 0.0, strict=True)
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim))
-    ang = torch.arange(n_positions, dtype=torch.float64, device=device)[:, None] * inv_freq[None, :]
+    pos = torch.arange(start, start + n_positions, dtype=torch.float64, device=device)
+    ang = pos[:, None] * inv_freq[None, :]
     ang = torch.cat((ang, ang), dim=-1)  # (N, head_dim): pair c and c + head_dim/2 share an angle
     return ang.cos().to(dtype), ang.sin().to(dtype)
 
@@ -88,3 +92,30 @@ def rope_matrices(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         r[:, b, a] = sin[:, b]
         r[:, b, b] = cos[:, b]
     return r
+
+
+def causal_mask(n_query: int, n_key: int, device: torch.device | str | None = None, *,
+                strict: bool = False) -> torch.Tensor:
+    """``(n_query, n_key)`` bool, True where query ``i`` may attend to key ``j``.
+
+    The queries are the *last* ``n_query`` of the ``n_key`` positions (cached decoding: keys of
+    earlier positions come from the cache, docs/architecture.md §5), so query ``i`` sits at
+    position ``p = n_key − n_query + i`` and sees ``j ≤ p`` (``strict=True``: ``j < p``).
+
+    Raises:
+        ValueError: ``n_query > n_key`` or a size < 1.
+    """
+    check_int("n_query", n_query, 1)
+    check_int("n_key", n_key, n_query)
+    return torch.ones(n_query, n_key, dtype=torch.bool, device=device).tril(n_key - n_query - int(strict))
+
+
+def sdpa_causal_kwargs(n_query: int, n_key: int, device: torch.device | str | None = None) -> dict:
+    """The causal-mask keyword of ``scaled_dot_product_attention`` for queries at the last
+    ``n_query`` of ``n_key`` positions: ``is_causal=True`` when they are equal (no cache), no mask
+    for one query (the newest token sees every key), else an explicit :func:`causal_mask`."""
+    if n_query == n_key:
+        return {"is_causal": True}
+    if n_query == 1:
+        return {}
+    return {"attn_mask": causal_mask(n_query, n_key, device)}

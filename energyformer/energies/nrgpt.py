@@ -48,6 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from energyformer._validate import check_choice
+from energyformer.energies.heads import causal_mask as causal_mask_offset
 
 MASKS = ("strict", "inclusive")
 
@@ -244,6 +245,70 @@ def _sdpa_force(q: torch.Tensor, k: torch.Tensor, alpha: torch.Tensor, beta: flo
     if out_weight is None:
         return -torch.einsum("h,bhne->bne", a, ctx)
     return -torch.einsum("h,bhne,hed->bnd", a, ctx, out_weight)
+
+
+# --------------------------------------------------------------------------------------------
+# attention against cached keys (cached decoding, docs/architecture.md §5)
+# --------------------------------------------------------------------------------------------
+def attention_keys(context: torch.Tensor, J: torch.Tensor) -> torch.Tensor:
+    """Full-``J`` keys (= values) ``k_{hB} = J_hᵀ g_B``: ``(B, N, d), (H, d, d) -> (B, H, N, d)``."""
+    return _full_keys(context, J)
+
+
+def head_projection(g: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Factored queries or keys ``W_h g``: ``(B, N, d), (H, d_h, d) -> (B, H, N, d_h)``."""
+    return torch.einsum("bnd,hed->bhne", g, weight.to(g.dtype))
+
+
+def _offset_mask(n: int, s: int, mask: str, device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`_safe_mask` for queries at the last ``n`` of ``s`` positions: ``(n, s)`` allowed, empty rows."""
+    if n == s:
+        return _safe_mask(n, mask, device)
+    return causal_mask_offset(n, s, device, strict=mask == "strict"), None  # s > n: every row has a key
+
+
+def attention_force_from_keys(q: torch.Tensor, keys: torch.Tensor, alpha: torch.Tensor, beta: float,
+                              mask: str = "strict", out_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention force ``−Σ_h α_h Σ_{B∈ctx(A)} p^h_{AB} k_{hB} [W^Q_h]`` of the last ``N`` of ``S`` positions.
+
+    ``q`` ``(B, H, N, e)``: the queries (full ``J``: ``g`` repeated over heads; factored:
+    ``W^Q_h g``) of positions ``S−N … S−1``; ``keys`` ``(B, H, S, e)``: every position's keys (the
+    values), earlier ones from the cache; ``out_weight`` ``(H, d_h, d)`` (factored) or None.
+    Returns ``(B, N, d)``; equals :func:`attention_grad` / :func:`attention_grad_factored` on the
+    whole sequence, restricted to the last ``N`` rows (tested).
+
+    Raises:
+        ValueError: bad ``mask``, or ``q`` and ``keys`` of different ``(B, H, e)`` or ``N > S``.
+    """
+    check_choice("mask", mask, MASKS)
+    n, s = q.shape[-2], keys.shape[-2]
+    if q.dim() != 4 or keys.shape[:2] != q.shape[:2] or keys.shape[-1] != q.shape[-1] or n > s:
+        raise ValueError(f"q (B, H, N, e) and keys (B, H, S, e) with N <= S expected; got {tuple(q.shape)} "
+                         f"and {tuple(keys.shape)}")
+    if n == s:
+        return _sdpa_force(q, keys, alpha, beta, mask, 0.0, out_weight)
+    kw = {} if (n == 1 and mask == "inclusive") else {"attn_mask": _offset_mask(n, s, mask, q.device)[0]}
+    ctx = F.scaled_dot_product_attention(q, keys, keys, scale=beta, **kw)
+    a = alpha.to(ctx.dtype)
+    if out_weight is None:
+        return -torch.einsum("h,bhne->bne", a, ctx)
+    return -torch.einsum("h,bhne,hed->bnd", a, ctx, out_weight.to(ctx.dtype))
+
+
+def attention_energy_from_keys(q: torch.Tensor, keys: torch.Tensor, alpha: torch.Tensor, beta: float,
+                               mask: str = "strict") -> torch.Tensor:
+    """Per-token attention energy ``(B, N)`` of the last ``N`` of ``S`` positions against ``keys``.
+
+    Same arguments as :func:`attention_force_from_keys`; equals :func:`attention_energy` /
+    :func:`attention_energy_factored` on the whole sequence, last ``N`` columns (tested).
+    """
+    check_choice("mask", mask, MASKS)
+    scores = beta * (q @ keys.transpose(-2, -1))                    # (B, H, N, S)
+    allowed, empty = _offset_mask(q.shape[-2], keys.shape[-2], mask, q.device)
+    lse = scores.masked_fill(~allowed, float("-inf")).logsumexp(dim=-1)
+    if empty is not None:
+        lse = lse.masked_fill(empty, 0.0)
+    return -(alpha.to(lse.dtype)[:, None] * lse).sum(dim=1) / beta
 
 
 # --------------------------------------------------------------------------------------------

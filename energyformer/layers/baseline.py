@@ -8,6 +8,10 @@ Llama: ``LlamaAttention`` (RoPE, optional GQA, no biases), ``LlamaMLP`` (SwiGLU)
 pre-norm ``LlamaBlock`` (RMSNorm). Parameter names follow Hugging Face's ``LlamaForCausalLM``
 (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, ``gate_proj``, ``up_proj``, ``down_proj``,
 ``input_layernorm``, ``post_attention_layernorm``) so weights map one to one.
+
+Every attention takes an optional ``cache`` (docs/architecture.md §5): its keys and values
+(Llama: per key/value head, before the GQA repeat) go to slot ``layer_idx`` and the new tokens
+sit at positions ``offset …``; without a cache the code path is the plain one.
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from energyformer._validate import check_choice, check_divides, check_float, check_int
-from energyformer.energies.heads import apply_rope, merge_heads, split_heads
+from energyformer.energies.heads import apply_rope, merge_heads, sdpa_causal_kwargs, split_heads
 from energyformer.layers.norms import RMSNorm
 from energyformer.layers.rope import RotaryEmbedding
 
@@ -42,10 +46,15 @@ class CausalSelfAttention(nn.Module):
         self.dropout = dropout
         self.resid_dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache=None, layer_idx: int = 0) -> torch.Tensor:
+        """``x`` (B, N, d) -> (B, N, d). With ``cache``, keys/values (B, H, N, d_h) are appended to
+        slot ``layer_idx`` and the queries attend to everything the slot holds."""
         q, k, v = (split_heads(t, self.n_heads) for t in self.qkv_proj(x).split(x.shape[-1], dim=2))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        mask = {"is_causal": True}
+        if cache is not None:
+            k, v = cache.update(k, v, layer_idx)
+            mask = sdpa_causal_kwargs(q.shape[2], k.shape[2], x.device)
+        y = F.scaled_dot_product_attention(q, k, v, **mask, dropout_p=self.dropout if self.training else 0.0)
         return self.resid_dropout(self.o_proj(merge_heads(y)))
 
 
@@ -81,10 +90,11 @@ class GPTBlock(nn.Module):
         self.ln_2 = nn.LayerNorm(d_model, bias=bias)
         self.mlp = MLP(d_model, d_ff, activation, dropout, bias=bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache=None, layer_idx: int = 0) -> torch.Tensor:
+        """``x`` (B, N, d) -> (B, N, d); ``cache``/``layer_idx`` go to the attention."""
         if self.parallel:
-            return x + self.attn(self.ln_1(x)) + self.mlp(self.ln_2(x))
-        x = x + self.attn(self.ln_1(x))
+            return x + self.attn(self.ln_1(x), cache, layer_idx) + self.mlp(self.ln_2(x))
+        x = x + self.attn(self.ln_1(x), cache, layer_idx)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -105,15 +115,21 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=False)
         self.rotary = RotaryEmbedding(head_dim, rope_theta)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        cos, sin = self.rotary(x.shape[1], device=x.device, dtype=x.dtype)
+    def forward(self, x: torch.Tensor, cache=None, layer_idx: int = 0, offset: int = 0) -> torch.Tensor:
+        """``x`` (B, N, d) at positions ``offset … offset+N−1`` -> (B, N, d). With ``cache``, the
+        rotated keys and the values (B, n_kv_heads, N, d_h) are appended to slot ``layer_idx``."""
+        cos, sin = self.rotary(x.shape[1], device=x.device, dtype=x.dtype, start=offset)
         q = apply_rope(split_heads(self.q_proj(x), self.n_heads), cos, sin)
         k = apply_rope(split_heads(self.k_proj(x), self.n_kv_heads), cos, sin)
         v = split_heads(self.v_proj(x), self.n_kv_heads)
+        mask = {"is_causal": True}
+        if cache is not None:
+            k, v = cache.update(k, v, layer_idx)
+            mask = sdpa_causal_kwargs(q.shape[2], k.shape[2], x.device)
         if self.n_kv_heads != self.n_heads:  # GQA: each key/value head serves n_heads // n_kv_heads query heads
             rep = self.n_heads // self.n_kv_heads
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = F.scaled_dot_product_attention(q, k, v, **mask)
         return self.o_proj(merge_heads(y))
 
 
@@ -142,6 +158,7 @@ class LlamaBlock(nn.Module):
         self.post_attention_layernorm = RMSNorm(d_model, eps=norm_eps)
         self.mlp = LlamaMLP(d_model, d_ff)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x))
+    def forward(self, x: torch.Tensor, cache=None, layer_idx: int = 0, offset: int = 0) -> torch.Tensor:
+        """``x`` (B, N, d) at positions ``offset …`` -> (B, N, d); ``cache`` goes to the attention."""
+        x = x + self.self_attn(self.input_layernorm(x), cache, layer_idx, offset)
         return x + self.mlp(self.post_attention_layernorm(x))

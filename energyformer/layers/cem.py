@@ -97,13 +97,16 @@ class _CEMSubBlock(Traceable, nn.Module):
             grad = self.preconditioner(grad)
         return torch.addcmul(x, self.eta(t).to(x.dtype), grad, value=-1.0)  # x − η_t·grad, one kernel
 
-    def _run(self, x: torch.Tensor) -> torch.Tensor:
+    def _run(self, x: torch.Tensor, cache=None, layer_idx: int = 0, offset: int = 0) -> torch.Tensor:
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"{self.trace_sub} expects x of shape (B, N, d_model={self.d_model}); "
                              f"got {tuple(x.shape)}")
         sink = self._trace
+        if sink is not None and cache is not None:
+            raise ValueError("tracing records whole sequences; call the model without a cache "
+                             "(generate(..., use_cache=False)) while tracing")
         h_hat = self._normalize(x)
-        ctx = self._context(h_hat)
+        ctx = self._context(h_hat) if cache is None else self._context(h_hat, cache, layer_idx, offset)
         g = h_hat
         for t in range(self.n_steps):
             grad = self._grad(g, h_hat, ctx)
@@ -199,8 +202,8 @@ class CEMAttention(_CEMSubBlock):
     rotary = property(lambda self: self.interaction.rotary)
     tau = property(lambda self: self.interaction.tau)
 
-    def _context(self, h_hat: torch.Tensor):
-        return self.interaction.context(h_hat)
+    def _context(self, h_hat: torch.Tensor, cache=None, layer_idx: int = 0, offset: int = 0):
+        return self.interaction.context(h_hat, cache, layer_idx, offset)
 
     def _grad(self, g: torch.Tensor, h_hat: torch.Tensor, ctx) -> torch.Tensor:
         return self.interaction.grad(g, h_hat, ctx)
@@ -211,14 +214,18 @@ class CEMAttention(_CEMSubBlock):
     def _option_groups(self) -> dict[str, list[nn.Parameter]]:
         return self.interaction.param_groups()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache=None, layer_idx: int = 0, offset: int = 0) -> torch.Tensor:
         """``x`` (B, N, d) -> ``x^T`` (B, N, d). Under :func:`~energyformer.layers.trace.tracing`
         it records every state ``t = 0 … T`` with its energy (term ``"attn"``; none for rope="llama").
 
+        With ``cache`` (docs/architecture.md §5) ``x`` holds the new tokens at positions
+        ``offset … offset+N−1``: their keys/values (computed once from ``ĥ``, as without a cache)
+        go to slot ``layer_idx`` and all ``T`` steps attend to every cached position.
+
         Raises:
-            ValueError: ``x`` not (B, N, d_model).
+            ValueError: ``x`` not (B, N, d_model); a cache while tracing.
         """
-        return self._run(x)
+        return self._run(x, cache, layer_idx, offset)
 
     def extra_repr(self) -> str:
         return (f"n_steps={self.n_steps}, interaction={self.interaction.name!r}, "
@@ -308,6 +315,12 @@ class CEMBlock(nn.Module):
                                  rope=rope, rope_theta=rope_theta, **shared)
         self.mlp = CEMGatedMLP(d_model, d_ff, mlp_n_steps, mlp_step_size, mlp_tie=mlp_tie, **shared)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` (B, N, d) -> (B, N, d): the attention sub-block's steps, then the MLP's."""
-        return self.mlp(self.attn(x))
+    def forward(self, x: torch.Tensor, cache=None, layer_idx: int = 0, offset: int = 0) -> torch.Tensor:
+        """``x`` (B, N, d) -> (B, N, d): the attention sub-block's steps, then the MLP's.
+
+        ``cache``/``layer_idx``/``offset`` go to the attention sub-block (docs/architecture.md §5);
+        the MLP sub-block is per token and needs no cache.
+        """
+        if cache is None:
+            return self.mlp(self.attn(x))
+        return self.mlp(self.attn(x, cache, layer_idx, offset))

@@ -30,6 +30,7 @@ import torch.nn as nn
 from energyformer._validate import check_choice, check_int
 from energyformer.energies.cem import (InteractionContext, gated_mlp_context, gated_mlp_energy, gated_mlp_grad,
                                        interaction_context, interaction_energy, interaction_grad)
+from energyformer.energies.heads import merge_heads, split_heads
 from energyformer.layers.rope import RotaryEmbedding
 from energyformer.utils.registry import Registry
 
@@ -107,11 +108,44 @@ class Interaction(nn.Module):
             return None
         return self.rotary(h_hat.shape[1], device=h_hat.device, dtype=h_hat.dtype)
 
-    def context(self, h_hat: torch.Tensor) -> InteractionContext:
-        """Keys and values from the fixed context ``ĥ`` (B, N, d), computed once per sub-block."""
+    def context(self, h_hat: torch.Tensor, cache=None, layer_idx: int = 0, offset: int = 0) -> InteractionContext:
+        """Keys and values from the fixed context ``ĥ`` (B, N, d), computed once per sub-block.
+
+        With ``cache`` (docs/architecture.md §5) ``h_hat`` holds the new tokens at positions
+        ``offset …``; their keys go to slot ``layer_idx`` as one key tensor
+        ``[R_j W_K ĥ_j ; ĥ_j]`` per head (the ``ĥ`` part only with a diagonal term; ``ĥ`` split
+        over the heads when ``H`` divides ``d``, else repeated) and a value tensor that is empty
+        when the values are the keys (no RoPE or exact RoPE) and the un-rotated keys in llama
+        mode. The returned context covers every cached position; its ``rope`` holds the tables
+        of the new positions (for the queries).
+        """
         _, w_k = self.weights()
-        return interaction_context(h_hat, w_k, self.n_heads, rope=self.rope_tables(h_hat),
-                                   rope_mode=self.rope_mode or "exact")
+        mode = self.rope_mode or "exact"
+        if cache is None:
+            return interaction_context(h_hat, w_k, self.n_heads, rope=self.rope_tables(h_hat), rope_mode=mode)
+        rope = None if self.rotary is None else self.rotary(h_hat.shape[1], device=h_hat.device,
+                                                            dtype=h_hat.dtype, start=offset)
+        new = interaction_context(h_hat, w_k, self.n_heads, rope=rope, rope_mode=mode)
+        keep_h = new.k is None or self.diag_mode != "none"
+        parts = [t for t in (new.k, self._h_to_heads(h_hat) if keep_h else None) if t is not None]
+        key = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+        value = new.v if new.v is not new.k else key.new_empty(*key.shape[:-1], 0)
+        keys, values = cache.update(key, value, layer_idx)
+        dk = 0 if new.k is None else self.head_dim
+        k = None if new.k is None else keys[..., :dk]
+        h = self._h_from_heads(keys[..., dk:]) if keep_h else None
+        v = values if values.shape[-1] else k
+        return InteractionContext(h, k, v, rope, mode)
+
+    def _h_to_heads(self, h: torch.Tensor) -> torch.Tensor:
+        """ĥ (B, N, d) as a per-head tensor for the cache: split (B, H, N, d/H) or repeated (B, H, N, d)."""
+        if self.d_model % self.n_heads == 0:
+            return split_heads(h, self.n_heads)
+        return h[:, None].expand(-1, self.n_heads, -1, -1)
+
+    def _h_from_heads(self, t: torch.Tensor) -> torch.Tensor:
+        """Inverse of :meth:`_h_to_heads`: (B, N, d)."""
+        return merge_heads(t) if self.d_model % self.n_heads == 0 else t[:, 0]
 
     def grad(self, g: torch.Tensor, h_hat: torch.Tensor, ctx: InteractionContext) -> torch.Tensor:
         """``∇_g ε_att`` (B, N, d) at ``g`` (B, N, d) with context ``ĥ`` held fixed."""

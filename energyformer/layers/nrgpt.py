@@ -158,7 +158,29 @@ class NRGPTBlock(Traceable, nn.Module):
         Returns:
             ``(B, N, d)``, causal: output at position A depends on inputs at positions ≤ A only.
         """
-        step = self.eta(self.force(x))
+        return self.step(x, self.force(x), scale)
+
+    # ------------------------------------------------------------------------------------------
+    # cached decoding (docs/architecture.md §5): one cache slot per recurrent step
+    def cache_keys(self, g: torch.Tensor, cache, layer_idx: int) -> torch.Tensor:
+        """Append the keys of ``g`` ``(B, N, d)`` to slot ``layer_idx`` of ``cache`` (the values are
+        the keys: an empty value tensor is stored); return every cached key ``(B, H, S, e)``."""
+        k = self.attention.keys(g)
+        return cache.update(k, k.new_empty(*k.shape[:-1], 0), layer_idx)[0]
+
+    def force_from_keys(self, g: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """:meth:`force` of the last ``N`` positions at ``g = Norm(x)`` ``(B, N, d)`` given every
+        position's ``keys`` ``(B, H, S, e)`` (no dropout: for inference)."""
+        return self.attention.grad_from_keys(g, keys) + self.ff_scale.to(g.dtype) * self.ff_grad(g)
+
+    def energy_from_keys(self, g: torch.Tensor, keys: torch.Tensor) -> dict[str, torch.Tensor]:
+        """:meth:`energy` ``{"attn", "ff"}`` ``(B, N)`` of the last ``N`` positions at ``g`` given ``keys``."""
+        return {"attn": self.attention.energy_from_keys(g, keys),
+                "ff": self.ff_scale.to(g.dtype) * self.ff.energy(g)}
+
+    def step(self, x: torch.Tensor, force: torch.Tensor, scale: torch.Tensor | float | None = None) -> torch.Tensor:
+        """``x − κ η(force)``: ``(B, N, d)``."""
+        step = self.eta(force)
         if scale is not None:
             step = scale * step
         return x - step

@@ -90,6 +90,28 @@ class NRGPTAttention(nn.Module):
     def reset_parameters(self) -> None:
         """Reference-code init of parameters that are not ``nn.Linear`` weights (``N(0, 0.02²)``)."""
 
+    # cached decoding (docs/architecture.md §5): the keys of a step are cached, the queries are new
+    def keys(self, g: torch.Tensor) -> torch.Tensor:  # pragma: no cover
+        """Keys (= values) of the tokens ``g`` ``(B, N, d)``: ``(B, H, N, e)``, what a step's cache slot holds."""
+        raise NotImplementedError
+
+    def queries(self, g: torch.Tensor) -> torch.Tensor:  # pragma: no cover
+        """Queries ``(B, H, N, e)`` of ``g`` ``(B, N, d)``, scored against :meth:`keys` (score ``β q·k``)."""
+        raise NotImplementedError
+
+    def out_weight(self) -> torch.Tensor | None:
+        """``(H, e, d)`` map of the attended keys back to ``d`` (factored ``W^Q``), or None (``e = d``)."""
+        return None
+
+    def grad_from_keys(self, g: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """``∂E_AT/∂g`` ``(B, N, d)`` of the last ``N`` positions given every position's ``keys``
+        ``(B, H, S, e)``; equals :meth:`grad` on the whole sequence (no dropout)."""
+        return E.attention_force_from_keys(self.queries(g), keys, self.alpha, self.beta, self.mask, self.out_weight())
+
+    def energy_from_keys(self, g: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """Per-token ``E_AT`` ``(B, N)`` of the last ``N`` positions given every position's ``keys``."""
+        return E.attention_energy_from_keys(self.queries(g), keys, self.alpha, self.beta, self.mask)
+
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}, beta={self.beta:.4g}, mask={self.mask!r}"
 
@@ -109,6 +131,12 @@ class FullAttention(NRGPTAttention):
 
     def energy(self, g: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
         return E.attention_energy(g, self.J, self.alpha, self.beta, self.mask, context=context)
+
+    def keys(self, g: torch.Tensor) -> torch.Tensor:
+        return E.attention_keys(g, self.J)
+
+    def queries(self, g: torch.Tensor) -> torch.Tensor:
+        return g.unsqueeze(1).expand(-1, self.n_heads, -1, -1)
 
 
 @NRGPT_ATTENTIONS.register("factored")
@@ -132,6 +160,15 @@ class FactoredAttention(NRGPTAttention):
 
     def energy(self, g: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
         return E.attention_energy_factored(g, *self._qk(), self.alpha, self.beta, self.mask, context=context)
+
+    def keys(self, g: torch.Tensor) -> torch.Tensor:
+        return E.head_projection(g, self._qk()[1])
+
+    def queries(self, g: torch.Tensor) -> torch.Tensor:
+        return E.head_projection(g, self._qk()[0])
+
+    def out_weight(self) -> torch.Tensor:
+        return self._qk()[0]
 
 
 class FFEnergy(nn.Module):

@@ -2,7 +2,7 @@
 
 The math is in :mod:`energyformer.energies.heads` (re-exported here). :class:`RotaryEmbedding`
 holds ``head_dim`` and ``theta`` and returns ``(cos, sin)`` tables of shape ``(N, head_dim)``
-for positions ``0 … N−1``; it has no parameters or buffers (the tables are cheap to rebuild
+for positions ``0 … N−1`` (or ``start … start+N−1``); it has no parameters or buffers (the tables are cheap to rebuild
 and this keeps ``state_dict`` free of derived tensors).
 """
 from __future__ import annotations
@@ -32,8 +32,9 @@ class RotaryEmbedding(nn.Module):
         self.theta = check_float("rope_theta", theta, 0.0, strict=True)
 
     def forward(self, n_positions: int, device: torch.device | None = None,
-                dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-        return rope_cos_sin(n_positions, self.head_dim, self.theta, device=device, dtype=dtype)
+                dtype: torch.dtype = torch.float32, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tables for positions ``start … start + n_positions − 1`` (``start > 0`` in cached decoding)."""
+        return rope_cos_sin(n_positions, self.head_dim, self.theta, device=device, dtype=dtype, start=start)
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, theta={self.theta}"

@@ -11,16 +11,18 @@ import contextlib
 import math
 import warnings
 from dataclasses import asdict, dataclass, fields
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from energyformer._validate import check_choice, check_divides, check_float, check_int
+from energyformer.layers.kv_cache import KVCache, cache_length
 from energyformer.layers.norms import RMSNorm
 from energyformer.layers.step_maps import StepMap
 from energyformer.layers.trace import Trace, tracing
+from energyformer.models.sampling import check_sampling, select_next
 
 
 @dataclass
@@ -184,11 +186,11 @@ class CausalLM(nn.Module):
 
     config: ModelConfig
 
-    def check_input(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> None:
-        """Validate token ids ``(B, N)``.
+    def check_input(self, idx: torch.Tensor, targets: torch.Tensor | None = None, offset: int = 0) -> None:
+        """Validate token ids ``(B, N)`` (that follow ``offset`` cached positions).
 
         Raises:
-            ValueError: wrong dtype or rank, ``N > block_size``, ``N == 0``, or an id outside
+            ValueError: wrong dtype or rank, ``offset + N > block_size``, ``N == 0``, or an id outside
                 ``[0, vocab_size)``; each message names the value and what was expected.
         """
         if not isinstance(idx, torch.Tensor):
@@ -201,6 +203,11 @@ class CausalLM(nn.Module):
         n = idx.shape[1]
         if n == 0:
             raise ValueError("idx has sequence length 0; expected at least 1 token")
+        if offset and offset + n > self.config.block_size:
+            raise ValueError(
+                f"sequence length {offset + n} ({offset} cached + {n} new) exceeds block_size="
+                f"{self.config.block_size}; start a new cache on the last {self.config.block_size} tokens "
+                "(generate() does this, docs/architecture.md §5)")
         if n > self.config.block_size:
             raise ValueError(
                 f"sequence length {n} exceeds block_size={self.config.block_size}; "
@@ -283,53 +290,125 @@ class CausalLM(nn.Module):
         """
         return tracing(self)
 
-    @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: int | None = None, generator: torch.Generator | None = None,
-                 vocab_limit: int | None = None, **forward_kwargs: Any) -> torch.Tensor:
-        """Sample ``max_new_tokens`` tokens after the prompt ``idx`` ``(B, N)``; returns ``(B, N + max_new_tokens)``.
+    def new_cache(self) -> KVCache:
+        """An empty key/value cache for ``forward(..., cache=...)`` (docs/architecture.md §5)."""
+        return KVCache()
 
-        The context is cropped to the last ``block_size`` tokens. ``temperature=0`` is greedy
-        decoding. ``vocab_limit=V'`` samples only ids ``< V'`` (a model whose ``vocab_size`` was
-        padded past its tokenizer's). Extra keyword arguments go to ``forward`` (e.g.
-        ``n_steps`` for NRGPT).
+    def _tracing(self) -> bool:
+        return any(getattr(m, "_trace", None) is not None for m in self.modules())
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor | Sequence[Sequence[int] | torch.Tensor], max_new_tokens: int,
+                 temperature: float = 1.0, top_k: int | None = None, generator: torch.Generator | None = None,
+                 vocab_limit: int | None = None, *, top_p: float | None = None, min_p: float | None = None,
+                 repetition_penalty: float | None = None, stop_ids: Sequence[int] | None = None,
+                 stop: Callable[[list[int]], bool] | None = None, use_cache: bool = True,
+                 **forward_kwargs: Any) -> torch.Tensor | list[torch.Tensor]:
+        """Sample up to ``max_new_tokens`` tokens after each prompt (docs/architecture.md §5).
+
+        Args:
+            idx: prompts of equal length ``(B, N)``, or a list of prompts of any lengths (lists of
+                ids or 1-D tensors). Prompts of equal length are batched together, each group with
+                its own cache and no padding, so every row sees exactly its own positions.
+            max_new_tokens: tokens to add (≥ 0).
+            temperature: ``0`` is greedy decoding; any ``T > 0`` samples from ``softmax(logits/T)``
+                (tiny ``T`` gives the greedy token, never NaN).
+            top_k, top_p, min_p, repetition_penalty: filters and penalty in the order of
+                :mod:`energyformer.models.sampling` (``None`` = off).
+            generator: the ``torch.Generator`` that makes sampling reproducible.
+            vocab_limit: sample only ids ``< vocab_limit`` (a vocabulary padded past its tokenizer's).
+            stop_ids: a row stops after emitting one of these ids.
+            stop: ``stop(generated_ids) -> bool`` called per row after each token (e.g. stop strings).
+            use_cache: decode with a key/value cache (default). Past ``block_size`` the cached path
+                restarts its cache on the last ``block_size − block_size // 4`` tokens (so its context
+                is then 3/4 to all of ``block_size``); ``use_cache=False`` recomputes the last
+                ``block_size`` tokens for every token (the classic sliding window). Under
+                ``model.trace()`` the cache is not used (tracing records whole sequences).
+            forward_kwargs: passed to ``forward`` (e.g. ``n_steps``, ``stop_tol`` for NRGPT).
+
+        Returns:
+            for a tensor ``idx``: ``(B, N + L)``, ``L ≤ max_new_tokens`` (fewer only when every row
+            stopped); a row that stopped earlier is filled with its last token. For a list: one
+            1-D tensor per prompt, ending at its stop.
 
         Raises:
-            ValueError: negative ``max_new_tokens`` or ``temperature``, ``top_k < 1``, bad ``idx``,
-                ``vocab_limit`` outside ``[1, vocab_size]``, non-finite logits (diverged weights).
+            ValueError: negative ``max_new_tokens``, invalid sampling options (see
+                :func:`~energyformer.models.sampling.check_sampling`), bad ``idx``, ``vocab_limit``
+                outside ``[1, vocab_size]``, non-finite logits (diverged weights).
         """
         check_int("max_new_tokens", max_new_tokens, 0)
-        check_float("temperature", temperature, 0.0)
-        if top_k is not None:
-            check_int("top_k", top_k, 1)
+        check_sampling(temperature, top_k, top_p, min_p, repetition_penalty)
         if vocab_limit is not None:
             check_int("vocab_limit", vocab_limit, 1, self.config.vocab_size)
-        self.check_input(idx[:, -self.config.block_size:] if isinstance(idx, torch.Tensor) and idx.dim() == 2 else idx)
+        stop_set = None if stop_ids is None else {check_int("stop_ids entry", int(i), 0) for i in stop_ids}
+        opts = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                    repetition_penalty=repetition_penalty, generator=generator, vocab_limit=vocab_limit,
+                    stop_set=stop_set, stop=stop, use_cache=use_cache and not self._tracing(),
+                    forward_kwargs=forward_kwargs)
         was_training = self.training
         self.eval()
         try:
-            for _ in range(max_new_tokens):
-                idx_cond = idx[:, -self.config.block_size:]
-                logits, _ = self(idx_cond, **forward_kwargs)
-                logits = logits[:, -1, :].float()
-                if vocab_limit is not None:
-                    logits[:, vocab_limit:] = float("-inf")
-                if not torch.isfinite(logits[:, : vocab_limit or logits.size(-1)]).all():
-                    raise ValueError("the model produced non-finite logits (NaN/Inf): its weights have diverged")
-                if temperature == 0:
-                    nxt = logits.argmax(dim=-1, keepdim=True)
-                else:
-                    logits = logits / temperature
-                    if top_k is not None:
-                        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                        logits = logits.masked_fill(logits < v[:, [-1]], float("-inf"))
-                    probs = F.softmax(logits, dim=-1)
-                    nxt = torch.multinomial(probs, num_samples=1, generator=generator)
-                idx = torch.cat((idx, nxt.to(idx.dtype)), dim=1)
+            if isinstance(idx, torch.Tensor):
+                self.check_input(idx[:, -self.config.block_size:] if idx.dim() == 2 else idx)
+                return self._generate_rows(idx, max_new_tokens, **opts)[0]
+            return self._generate_list(idx, max_new_tokens, opts)
         finally:
             self.train(was_training)
-        return idx
 
+    def _generate_list(self, prompts: Sequence[Sequence[int] | torch.Tensor], max_new_tokens: int,
+                       opts: dict[str, Any]) -> list[torch.Tensor]:
+        """Prompts of any lengths: one batched run per length; each result cut after its stop."""
+        if isinstance(prompts, (str, bytes)) or not len(prompts):
+            raise ValueError("idx must be a (B, N) tensor or a non-empty list of prompts (lists of token ids)")
+        device = next(self.parameters()).device
+        rows = [torch.as_tensor(p, dtype=torch.long, device=device) for p in prompts]
+        for i, r in enumerate(rows):
+            if r.dim() != 1:
+                raise ValueError(f"prompt {i} must be a 1-D sequence of token ids, got shape {tuple(r.shape)}")
+            self.check_input(r[None, -self.config.block_size:])
+        out: list[torch.Tensor | None] = [None] * len(rows)
+        for n in sorted({len(r) for r in rows}):
+            members = [i for i, r in enumerate(rows) if len(r) == n]
+            seqs, n_new = self._generate_rows(torch.stack([rows[i] for i in members]), max_new_tokens, **opts)
+            for j, i in enumerate(members):
+                out[i] = seqs[j, : n + int(n_new[j])]
+        return out  # type: ignore[return-value]
+
+    def _generate_rows(self, idx: torch.Tensor, max_new_tokens: int, *, temperature, top_k, top_p, min_p,
+                       repetition_penalty, generator, vocab_limit, stop_set, stop, use_cache,
+                       forward_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decode a batch of equal-length prompts; returns ``(sequences (B, N + L), new tokens per row (B,))``."""
+        block = self.config.block_size
+        keep = max(1, block - max(1, block // 4))  # context kept when the cache restarts past block_size
+        b, n0 = idx.shape
+        n_new = torch.zeros(b, dtype=torch.long, device=idx.device)
+        done = torch.zeros(b, dtype=torch.bool, device=idx.device)
+        cache, seq = None, idx
+        for _ in range(max_new_tokens):
+            if not use_cache:
+                logits, _ = self(seq[:, -block:], **forward_kwargs)
+            elif cache is None or cache_length(cache) >= block:
+                cache = self.new_cache()  # first call, or full: restart on the last tokens
+                logits, _ = self(seq[:, -(block if seq.shape[1] == n0 else keep):], cache=cache, **forward_kwargs)
+            else:
+                logits, _ = self(seq[:, -1:], cache=cache, **forward_kwargs)
+            nxt = select_next(logits[:, -1, :], seq, temperature=temperature, top_k=top_k, top_p=top_p,
+                              min_p=min_p, repetition_penalty=repetition_penalty, vocab_limit=vocab_limit,
+                              generator=generator).to(idx.dtype)
+            nxt = torch.where(done[:, None], seq[:, -1:], nxt)  # a stopped row repeats its last token
+            seq = torch.cat((seq, nxt), dim=1)
+            n_new += (~done).long()
+            if stop_set is not None or stop is not None:
+                for i in range(b):
+                    if done[i]:
+                        continue
+                    tok = int(nxt[i])
+                    if (stop_set is not None and tok in stop_set) or \
+                            (stop is not None and stop(seq[i, n0:].tolist())):
+                        done[i] = True
+                if bool(done.all()):
+                    break
+        return seq, n_new
 
 class LlamaStyleLM(CausalLM):
     """Token embedding → ``n_layers`` blocks → final RMSNorm → LM head (no biases): Llama and CEM-Llama.
@@ -361,16 +440,21 @@ class LlamaStyleLM(CausalLM):
     def embedding_params(self) -> list[nn.Parameter]:
         return [getattr(self, self.embed_name).weight]
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, cache=None):
         """``idx (B, N)`` int64 → ``(logits (B, N, V), loss or None)``.
+
+        ``cache`` (docs/architecture.md §5): a :class:`~energyformer.layers.kv_cache.KVCache` or a
+        ``transformers`` ``Cache``; ``idx`` then follows the cached positions, slot ``i`` is layer
+        ``i``, and the cache is updated in place.
 
         Raises:
             ValueError: bad ids, shape or length (``check_input``).
         """
-        self.check_input(idx, targets)
+        offset = cache_length(cache)
+        self.check_input(idx, targets, offset)
         x = getattr(self, self.embed_name)(idx)
-        for layer in getattr(self, self.layers_name):
-            x = layer(x)
+        for i, layer in enumerate(getattr(self, self.layers_name)):
+            x = layer(x) if cache is None else layer(x, cache, i, offset)
         logits = self.lm_head(self.norm(x))
         return logits, self.lm_loss(logits, targets)
 
@@ -387,6 +471,6 @@ class LearnedPositionLM(CausalLM):
     def embedding_params(self) -> list[nn.Parameter]:
         return [self.wte.weight, self.wpe.weight]
 
-    def embed(self, idx: torch.Tensor) -> torch.Tensor:
-        """``x⁰ = E_tok[idx] + E_pos[0:N]``: ``(B, N) -> (B, N, d)``."""
-        return self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+    def embed(self, idx: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """``x⁰ = E_tok[idx] + E_pos[offset : offset+N]``: ``(B, N) -> (B, N, d)`` (``offset``: cached positions)."""
+        return self.wte(idx) + self.wpe(torch.arange(offset, offset + idx.shape[1], device=idx.device))

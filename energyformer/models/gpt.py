@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 
 from energyformer.layers.baseline import GPTBlock
+from energyformer.layers.kv_cache import cache_length
 from energyformer.models.base import GPTShapeConfig, LearnedPositionLM, init_weights
 
 
@@ -46,11 +47,15 @@ class GPT(LearnedPositionLM):
             if name.endswith(("o_proj.weight", "down_proj.weight")):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layers))
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        """``idx (B, N)`` int64 → ``(logits (B, N, V), loss or None)``. Raises ``ValueError`` on bad ids/length."""
-        self.check_input(idx, targets)
-        x = self.drop(self.embed(idx))
-        for block in self.blocks:
-            x = block(x)
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, cache=None):
+        """``idx (B, N)`` int64 → ``(logits (B, N, V), loss or None)``. Raises ``ValueError`` on bad ids/length.
+
+        ``cache`` (docs/architecture.md §5): ``idx`` follows the cached positions; slot ``i`` is block ``i``.
+        """
+        offset = cache_length(cache)
+        self.check_input(idx, targets, offset)
+        x = self.drop(self.embed(idx, offset))
+        for i, block in enumerate(self.blocks):
+            x = block(x) if cache is None else block(x, cache, i)
         logits = self.lm_head(self.ln_f(x))
         return logits, self.lm_loss(logits, targets)

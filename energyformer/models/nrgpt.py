@@ -25,6 +25,7 @@ import torch.nn as nn
 
 from energyformer._validate import check_choice, check_divides, check_float, check_int
 from energyformer.energies.nrgpt import MASKS
+from energyformer.layers.kv_cache import cache_length
 from energyformer.layers.norms import LayerNorm, canonical_norm
 from energyformer.layers.nrgpt import NRGPTBlock
 from energyformer.layers.nrgpt_options import FF_ENERGIES, NRGPT_ATTENTIONS
@@ -172,7 +173,7 @@ class NRGPT(LearnedPositionLM):
         return self.step_scales[min(t, self.step_scales.numel() - 1)]
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
-                n_steps: int | None = None, stop_tol: float | None = None):
+                n_steps: int | None = None, stop_tol: float | None = None, cache=None):
         """Run the recurrent energy descent and the LM head.
 
         Args:
@@ -185,6 +186,16 @@ class NRGPT(LearnedPositionLM):
                 ``|E_A(xᵗ⁺¹) − E_A(xᵗ)| < stop_tol``, where ``E_A = E_AT + s_ff E_FF`` is its
                 total energy. ``E_A`` depends only on positions ≤ A, so the rule is causal.
                 The loop ends early when every token is frozen. ``None`` disables it.
+            cache: a :class:`~energyformer.layers.kv_cache.KVCache` or ``transformers`` ``Cache``
+                (docs/architecture.md §5): ``idx`` follows the cached positions. A token's keys
+                depend on its state at each step, so slot ``t`` holds every earlier token's keys
+                at step ``t`` (and, with ``stop_tol``, slot ``T`` those of the final states, for
+                the energies). Because every token's trajectory depends only on earlier tokens'
+                trajectories, the cached result equals the uncached one on the whole sequence,
+                ``stop_tol`` included: a token generated later is frozen by the same rule, against
+                the states its context tokens had at each step (a frozen token's later slots hold
+                its frozen state). A cache must be filled and reused with one ``n_steps`` and one
+                ``stop_tol`` (a ``KVCache`` checks this). Not with tracing.
 
         Returns:
             ``(logits (B, N, V), loss or None)``. Under ``with model.trace() as trace:`` the trace
@@ -194,15 +205,20 @@ class NRGPT(LearnedPositionLM):
 
         Raises:
             ValueError: bad ``idx``/``targets`` (see ``check_input``), ``n_steps < 1``,
-                ``stop_tol < 0``.
+                ``stop_tol < 0``, a cache filled with another ``n_steps``/``stop_tol``, a cache
+                while tracing.
 
         With ``mask="strict"`` token 0 has no context: its attention energy and force are 0, so
         its state moves by the FF force only (and a length-1 sequence gives FF-only logits).
         """
-        self.check_input(idx, targets)
+        offset = cache_length(cache)
+        self.check_input(idx, targets, offset)
         T = self.config.n_steps if n_steps is None else check_int("n_steps", n_steps, 1)
         if stop_tol is not None:
             stop_tol = check_float("stop_tol", stop_tol, 0.0)
+        if cache is not None:
+            logits = self.lm_head(self.ln_f(self._descend_cached(idx, offset, cache, T, stop_tol)))
+            return logits, self.lm_loss(logits, targets)
         sink = self.block._trace
         track = sink is not None or stop_tol is not None
 
@@ -235,6 +251,50 @@ class NRGPT(LearnedPositionLM):
 
         logits = self.lm_head(self.ln_f(x))
         return logits, self.lm_loss(logits, targets)
+
+    def _descend_cached(self, idx: torch.Tensor, offset: int, cache: Any, T: int,
+                        stop_tol: float | None) -> torch.Tensor:
+        """The descent of :meth:`forward` for new tokens ``idx`` (B, N) after ``offset`` cached
+        positions: returns their final states ``(B, N, d)``.
+
+        Slot ``t`` gets the keys of the states ``xᵗ`` (``t = 0 … T−1``; with ``stop_tol`` also
+        ``t = T``, for the energy of the final state). The order of the uncached loop is kept:
+        ``E(xᵗ)`` decides whether the token moves from ``xᵗ``; once every new token is frozen the
+        remaining slots get the keys of the (unchanged) states.
+        """
+        blk = self.block
+        if blk._trace is not None:
+            raise ValueError("tracing records whole sequences; call the model without a cache "
+                             "(generate(..., use_cache=False)) while tracing")
+        meta = getattr(cache, "meta", None)
+        if isinstance(meta, dict):
+            want = {"n_steps": T, "stop_tol": stop_tol}
+            have = {k: meta.get(k) for k in want}
+            if offset and have != want:
+                raise ValueError(f"this cache was filled with n_steps={have['n_steps']}, stop_tol={have['stop_tol']}; "
+                                 f"got n_steps={T}, stop_tol={stop_tol} (start a new cache to change them)")
+            meta.update(want)
+        x = self.embed(idx, offset)
+        n_slots = T + 1 if stop_tol is not None else T
+        active = e_prev = None
+        for t in range(n_slots):
+            g = blk.normalize(x)
+            keys = blk.cache_keys(g, cache, t)
+            if stop_tol is not None:
+                e = blk.energy_from_keys(g, keys)
+                total = e["attn"] + e["ff"]
+                active = torch.ones_like(total, dtype=torch.bool) if active is None else \
+                    active & ~((total - e_prev).abs() < stop_tol)
+                e_prev = total
+                if not bool(active.any()):
+                    for later in range(t + 1, n_slots):  # frozen: the same state, the same keys
+                        blk.cache_keys(g, cache, later)
+                    break
+            if t == T:
+                break
+            x_new = blk.step(x, blk.force_from_keys(g, keys), self.step_scale(t))
+            x = x_new if active is None else torch.where(active.unsqueeze(-1), x_new, x)
+        return x
 
     @torch.no_grad()
     def _energies(self, x: torch.Tensor) -> dict[str, torch.Tensor]:

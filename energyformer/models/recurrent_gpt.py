@@ -19,6 +19,7 @@ import torch.nn as nn
 
 from energyformer._validate import check_int
 from energyformer.layers.baseline import GPTBlock
+from energyformer.layers.kv_cache import cache_length
 from energyformer.models.base import GPTShapeConfig, LearnedPositionLM, init_weights
 
 
@@ -52,19 +53,23 @@ class RecurrentGPT(LearnedPositionLM):
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=c.bias)
         init_weights(self, 0.02)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, n_steps: int | None = None):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, n_steps: int | None = None,
+                cache=None):
         """``idx (B, N)`` → ``(logits (B, N, V), loss or None)``.
 
         ``n_steps`` overrides the number of block applications for this call (default
-        ``config.n_steps``).
+        ``config.n_steps``). ``cache`` (docs/architecture.md §5): ``idx`` follows the cached
+        positions; the keys depend on the state at each step, so slot ``t`` is step ``t`` (a
+        cache must be filled and used with one ``n_steps``).
 
         Raises:
             ValueError: bad ids / length (``check_input``) or ``n_steps < 1``.
         """
-        self.check_input(idx, targets)
+        offset = cache_length(cache)
+        self.check_input(idx, targets, offset)
         T = self.config.n_steps if n_steps is None else check_int("n_steps", n_steps, 1)
-        x = self.embed(idx)
-        for _ in range(T):
-            x = self.block(x)
+        x = self.embed(idx, offset)
+        for t in range(T):
+            x = self.block(x) if cache is None else self.block(x, cache, t)
         logits = self.lm_head(self.ln_f(x))
         return logits, self.lm_loss(logits, targets)
