@@ -130,6 +130,15 @@ def test_file_errors(tmp_path):
     bad.write_text("model: [unclosed\n")
     with pytest.raises(ValueError, match="not valid YAML"):
         load_config(bad)
+    bad.write_text("model:\n  arch: gpt\n   x: 1\n")  # the file, line and column, in one line
+    with pytest.raises(ValueError, match=r"bad\.yaml:3:5: not valid YAML: mapping values are not allowed here$"):
+        load_config(bad)
+    bad.write_text("model:\n  arch: gpt\n  d_model: 32\n  d_model: 64\n")
+    with pytest.raises(ValueError, match=r"bad\.yaml:4:3: .*duplicate key 'd_model' \(first on line 3\)"):
+        load_config(bad)
+    bad.write_bytes(b"model:\n  arch: gpt\xff\n")
+    with pytest.raises(ValueError, match=r"bad\.yaml' is not UTF-8 text \(byte 0xff on line 2\)"):
+        load_config(bad)
     bad.write_text("- a list\n")
     with pytest.raises(ValueError, match="must hold a mapping"):
         load_config(bad)

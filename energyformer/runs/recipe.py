@@ -22,22 +22,50 @@ import yaml
 BASE_KEY = "base"
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that rejects a key given twice in one mapping (YAML allows it silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first on line {seen[key]})", key_node.start_mark)
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     """The top-level mapping of a YAML file (``{}`` for an empty file).
 
     Raises:
         FileNotFoundError: ``path`` does not exist (or is a directory).
-        ValueError: invalid YAML, or the top level is not a mapping.
+        ValueError: one line naming the file (and the line and column where known): the file
+            is not UTF-8, not valid YAML, holds a key twice in one mapping, or its top level is
+            not a mapping.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file {str(path)!r} does not exist"
                                 + (" (it is a directory)" if path.is_dir() else ""))
+    data = path.read_bytes()
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise ValueError(f"config file {str(path)!r} is not UTF-8 text (byte 0x{data[e.start]:02x} on line "
+                         f"{line}); save it as UTF-8") from None
+    try:
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
-        detail = " ".join(str(e).split())
-        raise ValueError(f"config file {str(path)!r} is not valid YAML: {detail}") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(e, "problem", None) or str(e)
+        context = getattr(e, "context", None)
+        detail = " ".join((f"{problem} ({context})" if context and "duplicate" not in problem else problem).split())
+        raise ValueError(f"config file {where}: not valid YAML: {detail}") from None
     if raw is None:
         return {}
     if not isinstance(raw, dict):

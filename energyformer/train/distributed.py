@@ -155,9 +155,13 @@ def wrap_model(model: nn.Module, info: DistInfo) -> nn.Module:
     if info.parallel == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
+        # FSDP2 cannot shard 0-d parameters (scalar step sizes, scales): they stay replicated
+        # and their gradients are averaged by reduce_replicated_grads
+        scalars = {p for p in model.parameters() if p.dim() == 0}
         for unit, reused in shard_units(model):
-            fully_shard(unit, reshard_after_forward=not reused)
-        fully_shard(model)
+            fully_shard(unit, reshard_after_forward=not reused, ignored_params=scalars or None)
+        fully_shard(model, ignored_params=scalars or None)
+        model._replicated_params = [p for p in model.parameters() if p in scalars and p.requires_grad]
         return model
     from torch.nn.parallel import DistributedDataParallel
 
@@ -176,6 +180,34 @@ def sync_gradients(wrapped: nn.Module, sync: bool) -> Iterator[None]:
     yield
 
 
+def reduce_replicated_grads(model: nn.Module, info: DistInfo) -> None:
+    """Average over ranks the gradients of parameters FSDP2 left replicated (after the last backward)."""
+    for p in getattr(model, "_replicated_params", ()):
+        if p.grad is not None:
+            tdist.all_reduce(p.grad, op=tdist.ReduceOp.SUM)
+            p.grad.div_(info.world_size)
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float, info: DistInfo) -> float:
+    """Clip the global gradient norm to ``max_norm`` (``inf``: no clipping); returns the norm before.
+
+    One process and DDP use ``torch.nn.utils.clip_grad_norm_``; FSDP2 sums the squares of the
+    local shards over ranks and adds those of the replicated parameters once.
+    """
+    params = [p for p in model.parameters() if p.grad is not None]
+    sharded = [p.grad for p in params if hasattr(p.grad, "to_local")]
+    if not sharded:
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    plain = [p.grad for p in params if not hasattr(p.grad, "to_local")]
+    local = sum(float(g.to_local().float().pow(2).sum()) for g in sharded)
+    total = (info.all_reduce(local) + sum(float(g.float().pow(2).sum()) for g in plain)) ** 0.5
+    coef = max_norm / (total + 1e-6)
+    if coef < 1.0:
+        for g in sharded + plain:
+            g.mul_(coef)
+    return total
+
+
 def full_model_state(model: nn.Module, info: DistInfo) -> dict[str, torch.Tensor] | None:
     """The full (gathered, CPU) model state dict under FSDP2 (every rank must call); else None."""
     if not (info.enabled and info.parallel == "fsdp"):
@@ -183,13 +215,6 @@ def full_model_state(model: nn.Module, info: DistInfo) -> dict[str, torch.Tensor
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
-def to_local_float(t: torch.Tensor) -> float:
-    """A (possibly DTensor) scalar as a float."""
-    if hasattr(t, "full_tensor"):
-        t = t.full_tensor()
-    return float(t)
 
 
 def all_finite(model: nn.Module, info: DistInfo) -> bool:

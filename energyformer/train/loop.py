@@ -235,9 +235,10 @@ def _train(run_cfg: RunConfig, info: dist.DistInfo, progress: bool | None) -> di
                             _, loss = fwd(x, y)
                         (loss / tc.grad_accum_steps).backward()
                     loss_sum += loss.detach()
+                dist.reduce_replicated_grads(model, info)
                 train_loss = info.all_reduce(loss_sum.item() / tc.grad_accum_steps, "mean")
                 max_norm = tc.grad_clip if tc.grad_clip > 0 else math.inf
-                grad_norm = dist.to_local_float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+                grad_norm = dist.clip_grad_norm(model, max_norm, info)
                 if not (math.isfinite(train_loss) and math.isfinite(grad_norm)):
                     raise TrainingDivergedError(_diverged_msg(step + 1, train_loss, grad_norm, lr, out_dir))
                 optimizer.step()

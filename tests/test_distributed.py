@@ -1,0 +1,154 @@
+"""Many processes on CPU (gloo), launched the way users launch them: ``torchrun -m energyformer train``.
+
+- DDP over 2 ranks ≡ 1 process with 2× gradient accumulation over the same windows (loss and
+  weights to 1e-6 after 10 steps); FSDP2 the same (on NRGPT: a reused block, scalar parameters);
+- a checkpoint written by FSDP2 loads in one process and resumes under DDP, and one written by
+  DDP resumes under FSDP2, both continuing the single-process curve;
+- killing one rank stops the job with a message and leaves the last complete checkpoint intact.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from helpers import make_data_dir
+
+from energyformer.runs import find_checkpoint, load_run, read_metrics
+
+GPT = {"arch": "gpt", "d_model": 32, "n_layers": 2, "n_heads": 2, "block_size": 16, "dropout": 0.0}
+NRGPT = {"arch": "nrgpt", "d_model": 32, "n_heads": 2, "n_steps": 2, "block_size": 16}
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return make_data_dir(tmp_path_factory.mktemp("data") / "tiny")
+
+
+def recipe(tmp_path, data_dir, model, **train):
+    t = {"max_steps": 10, "batch_size": 4, "eval_interval": 5, "eval_iters": 3, "log_interval": 1,
+         "warmup_steps": 2, "learning_rate": 3e-3, "device": "cpu", "num_threads": 1}
+    t.update(train)
+    path = tmp_path / f"{model['arch']}.yaml"
+    path.write_text(yaml.safe_dump({"model": model, "data": {"data_dir": str(data_dir)}, "train": t}))
+    return path
+
+
+def env():
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def torchrun(recipe_path, *overrides, nproc=2, timeout=120):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "energyformer", "train", str(recipe_path), *overrides]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env())
+
+
+def single(recipe_path, *overrides):
+    cmd = [sys.executable, "-m", "energyformer", "train", str(recipe_path), *overrides]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env())
+
+
+def assert_same_run(a, b, atol=1e-6):
+    la = [(r["step"], r["train_loss"]) for r in read_metrics(a)]
+    lb = [(r["step"], r["train_loss"]) for r in read_metrics(b)]
+    assert [s for s, _ in la] == [s for s, _ in lb]
+    assert max(abs(x - y) for (_, x), (_, y) in zip(la, lb)) <= atol
+    ma, _, _ = load_run(a)
+    mb, _, _ = load_run(b)
+    for (name, p), q in zip(ma.state_dict().items(), mb.state_dict().values()):
+        torch.testing.assert_close(p, q, atol=atol, rtol=0, msg=name)
+
+
+def test_ddp_two_ranks_equal_one_process_with_twice_the_accumulation(data_dir, tmp_path):
+    r = recipe(tmp_path, data_dir, GPT)
+    res = torchrun(r, "--train.out_dir", str(tmp_path / "ddp"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.count("done: 10 steps") == 1  # rank 0 prints, logs and writes
+    res = single(r, "--train.out_dir", str(tmp_path / "one"), "--train.grad_accum_steps", "2")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert_same_run(tmp_path / "ddp", tmp_path / "one")
+    assert sorted(p.name for p in (tmp_path / "ddp").iterdir()) == sorted(
+        p.name for p in (tmp_path / "one").iterdir())
+
+
+@pytest.mark.slow
+def test_fsdp2_equals_one_process_and_checkpoints_cross_load(data_dir, tmp_path):
+    r = recipe(tmp_path, data_dir, NRGPT, max_steps=6, eval_interval=3)
+    res = torchrun(r, "--train.out_dir", str(tmp_path / "fsdp"), "--train.parallel", "fsdp")
+    assert res.returncode == 0, res.stderr[-3000:]
+    res = single(r, "--train.out_dir", str(tmp_path / "one"), "--train.grad_accum_steps", "2")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert_same_run(tmp_path / "fsdp", tmp_path / "one")
+
+    # the FSDP2 checkpoint loads in one process and resumes under DDP; the single run goes on too
+    more = ("--train.max_steps", "9", "--train.lr_decay_steps", "6")
+    res = torchrun(r, "--train.out_dir", str(tmp_path / "fsdp"), *more)
+    assert res.returncode == 0, res.stderr[-3000:]
+    res = single(r, "--train.out_dir", str(tmp_path / "one"), "--train.grad_accum_steps", "2", *more)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert_same_run(tmp_path / "fsdp", tmp_path / "one")
+
+    # and a DDP checkpoint resumes under FSDP2
+    more = ("--train.max_steps", "12", "--train.lr_decay_steps", "6")
+    res = torchrun(r, "--train.out_dir", str(tmp_path / "fsdp"), "--train.parallel", "fsdp", *more)
+    assert res.returncode == 0, res.stderr[-3000:]
+    res = single(r, "--train.out_dir", str(tmp_path / "one"), "--train.grad_accum_steps", "2", *more)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert_same_run(tmp_path / "fsdp", tmp_path / "one")
+
+
+def _rank_pids(parent: int) -> dict[int, int]:
+    """{rank: pid} of the worker processes torchrun started under ``parent``."""
+    out = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid != parent:
+            continue
+        for item in environ:
+            if item.startswith(b"RANK="):
+                out[int(item[5:])] = int(proc.name)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the rank processes through /proc")
+def test_killing_one_rank_stops_the_job_and_keeps_the_last_checkpoint(data_dir, tmp_path):
+    r = recipe(tmp_path, data_dir, GPT, max_steps=100000, eval_interval=1000, ckpt_interval=2, log_interval=50)
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "energyformer", "train", str(r), "--train.out_dir", str(out)]
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env())
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline and ((find_checkpoint(out) or {}).get("step", 0) < 6):
+            time.sleep(0.2)
+        ranks = _rank_pids(job.pid)
+        assert 1 in ranks, f"no rank 1 under torchrun {job.pid}: {ranks}"
+        os.kill(ranks[1], signal.SIGKILL)
+        output, _ = job.communicate(timeout=90)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode != 0
+    assert "local_rank: 1" in output and "SIGKILL" in output, output[-2000:]
+    marker = find_checkpoint(out)
+    assert marker is not None and marker["step"] >= 6
+    load_run(out)  # the last complete checkpoint loads
+    # and the run resumes (here in one process, to a step just after it)
+    res = single(r, "--train.out_dir", str(out), "--train.max_steps", str(marker["step"] + 2),
+                 "--train.lr_decay_steps", "100000")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert f"resumed from step {marker['step']}" in res.stdout
