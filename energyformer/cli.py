@@ -7,6 +7,8 @@ built from their signatures and docstrings with jsonargparse.
     energyformer sample RUN_DIR --prompt TEXT [--max_new_tokens N] [--temperature T] [--top_k K] [--seed S]
     energyformer info RECIPE.yaml [--section.key value ...]
     energyformer compare RUN_DIR [RUN_DIR ...] [--out TABLE.md|TABLE.json] [--plot CURVES.png]
+    energyformer export RUN_DIR [--to DIR] [--as energyformer|llama|gpt2]   # a transformers folder
+    energyformer import-hf HF_DIR [--out RUN_DIR]                            # stock Llama / GPT-2 → a run
 
 Flags may be written with ``-`` or ``_`` (``--max-new-tokens`` = ``--max_new_tokens``). A flag's
 default is the function's default (written once, in the signature). ``train`` and ``info``
@@ -212,6 +214,49 @@ def compare(run_dirs: Sequence[str], out: str | None = None, plot: str | None = 
     return table
 
 
+def export(run_dir: str, to: str | None = None, as_: str = "energyformer") -> Path:
+    """Write a trained run as a Hugging Face transformers folder (model, tokenizer, generation config).
+
+    ``--as energyformer`` (default) loads with ``import energyformer.hf`` + ``AutoModelForCausalLM``;
+    ``--as llama`` / ``--as gpt2`` write stock ``LlamaForCausalLM`` / ``GPT2LMHeadModel`` folders
+    (our Llama or a CEM equal to one; our GPT) that load without energyformer.
+
+    Args:
+        run_dir: run directory with a complete checkpoint.
+        to: output folder (default hf/<run directory name>).
+        as_: energyformer, llama or gpt2 (also written --as).
+
+    Returns:
+        the output folder.
+
+    Raises:
+        ValueError / FileNotFoundError: an incomplete or missing run, an unknown format, a model the
+            format cannot represent (see ``energyformer.hf.export.export_run``).
+    """
+    from energyformer.hf.export import export_run
+
+    return export_run(run_dir, to if to is not None else Path("hf") / Path(run_dir).name, as_=as_)
+
+
+def import_hf(hf_dir: str, out: str | None = None) -> Path:
+    """Read a Hugging Face folder (stock Llama or GPT-2, or an energyformer export) into a run directory.
+
+    Args:
+        hf_dir: folder with config.json, the weights and tokenizer.json.
+        out: run directory to write (default out/<folder name>).
+
+    Returns:
+        the run directory.
+
+    Raises:
+        ValueError / FileNotFoundError: another model type, options our classes lack, a missing
+            tokenizer (see ``energyformer.hf.export.import_hf``).
+    """
+    from energyformer.hf.export import import_hf as read_hf_folder
+
+    return read_hf_folder(hf_dir, out if out is not None else Path("out") / Path(hf_dir).name)
+
+
 def format_summary(s: dict[str, Any]) -> str:
     """Human-readable final training summary."""
     def f(x: Any, fmt: str) -> str:
@@ -238,6 +283,8 @@ COMMANDS: dict[str, tuple[Callable[..., Any], Callable[[Any], str] | None]] = {
     "sample": (sample, SAMPLE_SEPARATOR.join),
     "info": (info, str),
     "compare": (compare, str),
+    "export": (export, str),
+    "import-hf": (import_hf, str),
 }
 # parameters not built from the signature: free override tokens (added as REMAINDER), a list of
 # positionals (added with nargs="+"), options for Python callers only (progress)
@@ -271,12 +318,17 @@ def build_parser():
     return parser
 
 
+# flags spelled as a Python keyword on the command line -> their parameter name
+_FLAG_ALIASES = {"as": "as_"}
+
+
 def _normalize(token: str) -> str:
     """``--max-new-tokens=3`` → ``--max_new_tokens=3``: flags may use ``-`` or ``_``."""
     if not token.startswith("--") or len(token) == 2:
         return token
     name, eq, value = token[2:].partition("=")
-    return "--" + name.replace("-", "_") + eq + value
+    name = name.replace("-", "_")
+    return "--" + _FLAG_ALIASES.get(name, name) + eq + value
 
 
 def _bare_flags_true(args: list[str], fn: Callable[..., Any]) -> list[str]:

@@ -1,0 +1,101 @@
+"""``transformers`` configs of the energyformer model families (docs/architecture.md §1, floor 6).
+
+One :class:`EnergyformerConfig` subclass per family, ``model_type`` ``energyformer_<arch>``
+(``energyformer_gpt``, ``energyformer_llama``, ``energyformer_cem``, ``energyformer_nrgpt``,
+``energyformer_gpt_rec``). The config holds the model config of :mod:`energyformer.models` as
+one dict (``energyformer``, the same dict a run's ``config.yaml`` has under ``model:``); the
+usual Hugging Face names (``vocab_size``, ``max_position_embeddings``, ``hidden_size``,
+``num_attention_heads``, ``num_hidden_layers``, ``tie_word_embeddings``) are derived from it,
+so they cannot disagree with it.
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from transformers import PretrainedConfig
+
+from energyformer.models.base import ModelConfig
+from energyformer.models.registry import ARCHS, config_from_dict
+
+#: Hugging Face attribute names derived from the energyformer model config (never read back)
+DERIVED_KEYS = ("vocab_size", "max_position_embeddings", "hidden_size", "num_attention_heads",
+                "num_hidden_layers", "tie_word_embeddings")
+
+
+class EnergyformerConfig(PretrainedConfig):
+    """Base of the per-family configs; use a subclass (or :func:`config_for`).
+
+    Args:
+        energyformer: the model config dict (``arch`` and the fields of the family's
+            :class:`~energyformer.models.base.ModelConfig`); missing fields take their defaults.
+        **kwargs: the usual :class:`~transformers.PretrainedConfig` arguments (``pad_token_id``...).
+
+    Raises:
+        ValueError: ``energyformer["arch"]`` is not this class's family, or a field is invalid
+            (the model config's own check, naming the field).
+    """
+
+    model_type = "energyformer"
+    arch: ClassVar[str] = ""
+
+    def __init__(self, energyformer: dict[str, Any] | None = None, **kwargs: Any):
+        spec = {"arch": self.arch, **dict(energyformer or {})}
+        if spec["arch"] != self.arch:
+            raise ValueError(f"energyformer['arch']={spec['arch']!r} does not match {type(self).__name__} "
+                             f"(model_type {self.model_type!r}, arch {self.arch!r})")
+        self.energyformer = config_from_dict(spec).to_dict()
+        for key in DERIVED_KEYS:
+            kwargs.pop(key, None)
+        kwargs.setdefault("use_cache", False)
+        super().__init__(**kwargs)
+        self._set_derived()
+
+    def _set_derived(self) -> None:
+        c = self.model_config()
+        self.vocab_size = c.vocab_size
+        self.max_position_embeddings = c.block_size
+        self.hidden_size = c.d_model
+        self.num_attention_heads = c.n_heads
+        self.num_hidden_layers = getattr(c, "n_layers", getattr(c, "n_steps", 1))
+        self.tie_word_embeddings = bool(getattr(c, "tie_embeddings", False))
+
+    def model_config(self) -> ModelConfig:
+        """The :class:`~energyformer.models.base.ModelConfig` this config describes."""
+        return config_from_dict(self.energyformer)
+
+
+#: how each arch is spelled in class names (an arch missing here is capitalized)
+CLASS_NAMES = {"gpt": "GPT", "llama": "Llama", "cem": "CEM", "nrgpt": "NRGPT", "gpt_rec": "GPTRec"}
+
+
+def class_name(arch: str) -> str:
+    """``"nrgpt"`` → ``"NRGPT"``: the arch as it appears in class names."""
+    return CLASS_NAMES.get(arch) or "".join(p.capitalize() for p in arch.split("_"))
+
+
+def _family(arch: str) -> type[EnergyformerConfig]:
+    name = f"Energyformer{class_name(arch)}Config"
+    # "__init__" in the class dict: transformers turns config subclasses into dataclasses and would
+    # otherwise generate an __init__ that skips ours
+    return type(name, (EnergyformerConfig,), {"model_type": f"energyformer_{arch}", "arch": arch,
+                                              "__init__": EnergyformerConfig.__init__, "__module__": __name__,
+                                              "__doc__": f"Config of the ``{arch}`` family (model_type "
+                                                         f"``energyformer_{arch}``)."})
+
+
+#: arch name -> config class (one per entry of ``energyformer.models.registry.ARCHS``)
+CONFIG_CLASSES: dict[str, type[EnergyformerConfig]] = {arch: _family(arch) for arch in ARCHS}
+globals().update({cls.__name__: cls for cls in CONFIG_CLASSES.values()})
+
+
+def config_for(model_config: ModelConfig | dict[str, Any], **kwargs: Any) -> EnergyformerConfig:
+    """The Hugging Face config of an energyformer model config (or dict with an ``arch`` key).
+
+    Raises:
+        ValueError: unknown arch or invalid fields.
+    """
+    spec = model_config.to_dict() if isinstance(model_config, ModelConfig) else dict(model_config)
+    if spec.get("arch") not in CONFIG_CLASSES:
+        raise ValueError(f"arch={spec.get('arch')!r} has no Hugging Face config; expected one of "
+                         f"{sorted(CONFIG_CLASSES)}")
+    return CONFIG_CLASSES[spec["arch"]](energyformer=spec, **kwargs)

@@ -1,0 +1,185 @@
+"""``energyformer export`` and ``energyformer import-hf``: run directories ↔ Hugging Face folders.
+
+``export_run(RUN, to=DIR)`` writes ``config.json``, ``model.safetensors`` (a tied LM head
+stored once, declared in the config), ``generation_config.json`` and the run's tokenizer
+(``tokenizer.json`` + ``tokenizer_config.json``, a ``PreTrainedTokenizerFast``), so that::
+
+    import energyformer.hf                          # registers the energyformer_* model types
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok, model = AutoTokenizer.from_pretrained(DIR), AutoModelForCausalLM.from_pretrained(DIR)
+
+gives our logits exactly. ``as_="llama"`` writes a stock ``LlamaForCausalLM`` folder (our Llama,
+or a CEM that equals one, see :mod:`energyformer.hf.convert`), ``as_="gpt2"`` a stock
+``GPT2LMHeadModel`` folder (our GPT); neither needs energyformer to load.
+
+``import_hf(DIR, out=RUN)`` reads a stock Llama or GPT-2 folder (or one of ours) into a run
+directory that every energyformer command reads (``sample``, ``eval``, ``export``).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, GPT2LMHeadModel,
+                          LlamaForCausalLM)
+
+from energyformer.hf.configuration import EnergyformerConfig, config_for
+from energyformer.hf.convert import from_gpt2, from_llama, to_gpt2, to_llama
+from energyformer.hf.modeling import MODEL_CLASSES
+from energyformer.hf.tokenizer import char_vocab, run_tokenizer
+from energyformer.models.registry import build_model
+from energyformer.runs.checkpoint import find_checkpoint
+from energyformer.runs.config import DataConfig, RunConfig
+from energyformer.runs.rundir import CONFIG_FILE, MARKER_FILE, META_FILE, WEIGHTS_FILE, load_run, write_run_files
+from energyformer.runs.weights import save_weights
+from energyformer.utils.io import atomic_write_json
+
+#: ``as_`` values of :func:`export_run`
+EXPORT_FORMATS = ("energyformer", "llama", "gpt2")
+#: stock model types :func:`import_hf` reads (besides energyformer_*)
+IMPORT_TYPES = ("llama", "gpt2")
+
+
+def check_complete_run(run_dir: str | Path) -> Path:
+    """``run_dir`` as a Path if it holds a complete checkpoint.
+
+    Raises:
+        FileNotFoundError: no such directory.
+        ValueError: an incomplete run (no ``checkpoint.json`` listing existing files: training
+            has not written a checkpoint yet, or was cut while writing one).
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run directory {str(run_dir)!r} does not exist")
+    if find_checkpoint(run_dir) is None:
+        raise ValueError(f"run {str(run_dir)!r} is incomplete: no complete checkpoint ({MARKER_FILE} listing "
+                         f"{CONFIG_FILE}, {META_FILE}, {WEIGHTS_FILE}); let `energyformer train` write one first")
+    return run_dir
+
+
+def _check_target(to: Path) -> None:
+    if to.exists() and not to.is_dir():
+        raise ValueError(f"--to {str(to)!r} is a file; expected a folder")
+    if to.is_dir() and any(to.iterdir()) and not (to / "config.json").is_file():
+        raise ValueError(f"--to {str(to)!r} is a non-empty folder that is not an exported model; "
+                         "choose an empty or new folder")
+
+
+def export_run(run_dir: str | Path, to: str | Path, as_: str = "energyformer") -> Path:
+    """Write the run's model and tokenizer as a Hugging Face folder ``to``; returns ``to``.
+
+    Args:
+        run_dir: a run directory with a complete checkpoint.
+        to: the output folder (created; an earlier export there is overwritten).
+        as_: ``"energyformer"`` (our model classes, any family), ``"llama"`` (stock Llama: our
+            Llama, or CEM at T = 1 with ``rope: llama``, ``interaction: lowrank``, no
+            preconditioner) or ``"gpt2"`` (stock GPT-2: our GPT without an LM-head bias).
+
+    Raises:
+        ValueError: ``as_`` unknown, an incomplete run, a model the format cannot represent
+            (the option is named), a tokenizer that cannot be exported, a bad ``to``.
+        FileNotFoundError: missing run directory or files.
+    """
+    if as_ not in EXPORT_FORMATS:
+        raise ValueError(f"--as {as_!r} is not a format; expected one of {', '.join(EXPORT_FORMATS)}")
+    run_dir, to = check_complete_run(run_dir), Path(to)
+    _check_target(to)
+    model, _, meta = load_run(run_dir)
+    c = model.config
+    tokenizer = run_tokenizer(meta, run_dir, model_max_length=c.block_size)
+    if as_ == "energyformer":
+        hf = MODEL_CLASSES[c.arch](config_for(c))
+        hf.model.load_state_dict(model.state_dict())
+    else:
+        hf_config, state = (to_llama if as_ == "llama" else to_gpt2)(model)
+        hf = (LlamaForCausalLM if as_ == "llama" else GPT2LMHeadModel)(hf_config)
+        result = hf.load_state_dict(state, strict=False)
+        missing = set(result.missing_keys) - ({"lm_head.weight"} if c.tie_embeddings else set())
+        if missing or result.unexpected_keys:  # a bug in convert.py, not a user error
+            raise RuntimeError(f"conversion left {sorted(missing)} missing, {result.unexpected_keys} unexpected")
+    hf.generation_config = generation_config(tokenizer, c.vocab_size, use_cache=as_ != "energyformer")
+    to.mkdir(parents=True, exist_ok=True)
+    hf.eval().save_pretrained(to)
+    tokenizer.save_pretrained(to)
+    return to
+
+
+def generation_config(tokenizer: Any, vocab_size: int, use_cache: bool) -> GenerationConfig:
+    """Defaults for ``generate``: the pad id, no cache for our classes (they recompute the
+    context), and ids the tokenizer never produces (a vocabulary padded past the tokenizer's)
+    suppressed, as ``energyformer sample`` does with ``vocab_limit``."""
+    real = tokenizer.vocab_size  # the tokenizer's own ids; <pad> and other added tokens come after
+    suppress = list(range(min(real, vocab_size), vocab_size))
+    return GenerationConfig(pad_token_id=tokenizer.pad_token_id, use_cache=use_cache,
+                            suppress_tokens=suppress or None)
+
+
+def import_hf(src: str | Path, out: str | Path) -> Path:
+    """Read a Hugging Face folder (stock Llama or GPT-2, or one exported by energyformer) into
+    the run directory ``out`` (``config.yaml``, ``meta.json``, ``model.safetensors`` and a
+    ``checkpoint.json`` marking it complete; no train state, so it cannot be resumed). Returns ``out``.
+
+    The tokenizer is kept: a character tokenizer of ours becomes a ``char`` meta.json, any
+    other ``tokenizers`` tokenizer a ``bpe`` one (its JSON inside meta.json).
+
+    Raises:
+        FileNotFoundError: no ``config.json`` in ``src``.
+        ValueError: another model type (named), options our classes lack, no tokenizer in
+            ``src``, or ``out`` already holds a run.
+    """
+    src, out = Path(src), Path(out)
+    if not (src / "config.json").is_file():
+        raise FileNotFoundError(f"{str(src / 'config.json')!r} not found; expected a Hugging Face model folder")
+    model_type = json.loads((src / "config.json").read_text(encoding="utf-8")).get("model_type")
+    if model_type not in IMPORT_TYPES and not str(model_type).startswith("energyformer_"):
+        raise ValueError(f"{str(src)!r} holds model_type={model_type!r}; import-hf reads "
+                         f"{', '.join(IMPORT_TYPES)} or energyformer_* folders")
+    if (out / CONFIG_FILE).exists():
+        raise ValueError(f"--out {str(out)!r} already holds a run ({CONFIG_FILE}); choose a new folder")
+    hf_config = AutoConfig.from_pretrained(src)
+    hf = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    state = dict(hf.state_dict())
+    if isinstance(hf_config, EnergyformerConfig):
+        model_config = hf_config.model_config()
+        state = {k[len("model."):]: v for k, v in state.items()}
+    elif model_type == "llama":
+        model_config, state = from_llama(hf_config, state)
+    else:
+        model_config, state = from_gpt2(hf_config, state)
+    model = build_model(model_config)
+    model.load_state_dict(state, strict=True)
+    meta = _tokenizer_meta(src, model_config.vocab_size)
+    if meta["vocab_size"] > model_config.vocab_size:
+        raise ValueError(f"the tokenizer of {str(src)!r} has {meta['vocab_size']} ids but the model only "
+                         f"{model_config.vocab_size}")
+    meta.update({"format_version": 1, "n_train": 0, "n_val": 0, "source": f"import-hf {src}"})
+    out.mkdir(parents=True, exist_ok=True)
+    write_run_files(out, RunConfig(model=model_config, data=DataConfig(dataset=out.name)), meta)
+    save_weights(model, out / WEIGHTS_FILE, {"step": "0"})
+    atomic_write_json(out / MARKER_FILE, {"format_version": 1, "step": 0, "best_val_loss": None,
+                                          "files": [CONFIG_FILE, META_FILE, WEIGHTS_FILE],
+                                          "imported_from": str(src)})
+    return out
+
+
+def _tokenizer_meta(src: Path, vocab_size: int) -> dict[str, Any]:
+    """meta.json fields for the tokenizer of ``src``; added tokens past the model's vocabulary
+    (the ``<pad>`` an export appends) are dropped: the model cannot embed them."""
+    try:
+        tok = AutoTokenizer.from_pretrained(src)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"no tokenizer could be read from {str(src)!r} ({e}); import-hf needs the "
+                         "folder's tokenizer.json") from None
+    if not getattr(tok, "is_fast", False):
+        raise ValueError(f"the tokenizer of {str(src)!r} is not a fast (tokenizers) tokenizer")
+    chars = char_vocab(tok)
+    if chars is not None:
+        return {"tokenizer": "char", "chars": chars, "vocab_size": len(chars)}
+    spec = json.loads(tok.backend_tokenizer.to_str())
+    spec["added_tokens"] = [t for t in spec.get("added_tokens") or [] if t["id"] < vocab_size]
+    from tokenizers import Tokenizer
+
+    n = Tokenizer.from_str(json.dumps(spec)).get_vocab_size()
+    return {"tokenizer": "bpe", "bpe": spec, "vocab_size": n}

@@ -1,0 +1,168 @@
+"""``transformers`` causal-LM classes around the energyformer models (docs/architecture.md §1, floor 6).
+
+One :class:`EnergyformerForCausalLM` subclass per family (``EnergyformerNRGPTForCausalLM`` ...),
+a :class:`~transformers.PreTrainedModel` + :class:`~transformers.GenerationMixin` whose
+``model`` attribute is the energyformer model itself (weight names ``model.<our name>``), so
+``from_pretrained`` / ``save_pretrained`` / ``generate`` work and the logits are ours exactly.
+
+What the wrapper adds to the plain model:
+
+- ``attention_mask``: padded batches (left or right). Our models have no padding mask, so each
+  row's unmasked tokens are run as their own sequence (rows of equal length together) and
+  their logits scattered back; masked positions get logits 0. A padded row thus gives exactly
+  the logits of the unpadded sequence.
+- ``labels``: the Hugging Face loss (labels shifted inside, ``-100`` ignored).
+- ``generate``: recomputes the context each step (``use_cache=False``; our KV cache is not
+  wired in yet), slides the context past ``block_size`` as our own ``generate`` does, and
+  refuses a prompt longer than ``block_size``.
+- the tied LM head is declared (``_tied_weights_keys``), so ``model.safetensors`` stores it once.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from energyformer.hf.configuration import CONFIG_CLASSES, EnergyformerConfig, class_name
+from energyformer.models.registry import build_model
+
+#: keyword arguments of our models' forward that ``forward`` / ``generate`` pass through
+MODEL_KWARGS = ("n_steps", "stop_tol")
+
+
+class EnergyformerPreTrainedModel(PreTrainedModel):
+    """Base: our modules initialise themselves, so Hugging Face's weight init is a no-op."""
+
+    config_class = EnergyformerConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = False
+
+    def _init_weights(self, module: torch.nn.Module) -> None:
+        pass
+
+
+class EnergyformerForCausalLM(EnergyformerPreTrainedModel, GenerationMixin):
+    """An energyformer model as a Hugging Face causal LM; use the per-family subclasses.
+
+    ``forward(input_ids (B, N), attention_mask (B, N) = None, labels (B, N) = None, n_steps=None,
+    stop_tol=None)`` → :class:`~transformers.modeling_outputs.CausalLMOutputWithPast` with
+    ``logits (B, N, V)`` (float32 as computed) and ``loss``.
+    """
+
+    def __init__(self, config: EnergyformerConfig):
+        super().__init__(config)
+        self.model = build_model(config.model_config())
+        # a tied LM head is one Parameter under two names: declare it so it is saved once
+        params = dict(self.named_parameters(remove_duplicate=False))
+        first: dict[int, str] = {}
+        tied = {}
+        for name, p in params.items():
+            if id(p) in first:
+                tied[name] = first[id(p)]
+            else:
+                first[id(p)] = name
+        self._tied_weights_keys = tied
+        self._model_kwargs = set(inspect.signature(self.model.forward).parameters) & set(MODEL_KWARGS)
+        self.post_init()
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # no Hugging Face cache object: each step recomputes the context
+
+    def get_input_embeddings(self) -> torch.nn.Module:
+        return getattr(self.model, "wte", None) or getattr(self.model, "embed_tokens")
+
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self.model.lm_head
+
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                labels: torch.LongTensor | None = None, inputs_embeds: torch.Tensor | None = None,
+                return_dict: bool | None = None, **kwargs: Any) -> CausalLMOutputWithPast:
+        """Logits ``(B, N, V)`` of ``input_ids (B, N)``; see the class docstring.
+
+        Raises:
+            ValueError: ``inputs_embeds`` (not supported), a model keyword the family does not
+                take (``n_steps`` for GPT), or bad ids / a sequence longer than ``block_size``
+                (the model's own check, naming the value).
+        """
+        if inputs_embeds is not None:
+            raise ValueError("inputs_embeds is not supported by energyformer models; pass input_ids")
+        if input_ids is None:
+            raise ValueError("input_ids is required (B, N) token ids")
+        model_kwargs = {k: kwargs[k] for k in MODEL_KWARGS if kwargs.get(k) is not None}
+        unknown = set(model_kwargs) - self._model_kwargs
+        if unknown:
+            raise ValueError(f"{sorted(unknown)} are not options of the {self.config.model_config().arch!r} "
+                             f"forward; it takes {sorted(self._model_kwargs) or 'none'}")
+        logits = self._logits(input_ids, attention_mask, model_kwargs)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)),
+                                   labels[:, 1:].reshape(-1).to(logits.device), ignore_index=-100)
+        return CausalLMOutputWithPast(loss=loss, logits=logits)
+
+    def _logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                model_kwargs: dict[str, Any]) -> torch.Tensor:
+        if attention_mask is None or bool(attention_mask.bool().all()):
+            return self.model(input_ids, **model_kwargs)[0]
+        keep = attention_mask.bool().to(input_ids.device)
+        lengths = keep.sum(dim=1)
+        logits = None
+        for n in lengths.unique().tolist():
+            if n == 0:
+                continue
+            rows = (lengths == n).nonzero().squeeze(1)
+            ids = input_ids[rows][keep[rows]].view(len(rows), n)
+            out = self.model(ids, **model_kwargs)[0]
+            if logits is None:
+                logits = out.new_zeros(*input_ids.shape, out.size(-1))
+            block = logits[rows]
+            block[keep[rows]] = out.reshape(-1, out.size(-1))
+            logits[rows] = block
+        if logits is None:
+            raise ValueError("attention_mask masks every token of every row; nothing to run")
+        return logits
+
+    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
+                                      **kwargs: Any) -> dict[str, Any]:
+        """The whole context, cropped to the last ``block_size`` positions (no cache)."""
+        block = self.config.max_position_embeddings
+        inputs = {"input_ids": input_ids[:, -block:]}
+        if attention_mask is not None:
+            inputs["attention_mask"] = attention_mask[:, -block:]
+        inputs.update({k: kwargs[k] for k in MODEL_KWARGS if kwargs.get(k) is not None})
+        return inputs
+
+    @torch.no_grad()
+    def generate(self, inputs: torch.Tensor | None = None, *args: Any, **kwargs: Any):
+        """:meth:`transformers.GenerationMixin.generate`, after checking the prompt fits the context.
+
+        Raises:
+            ValueError: a prompt longer than ``block_size`` (the message names both lengths).
+        """
+        ids = inputs if inputs is not None else kwargs.get("input_ids")
+        if isinstance(ids, torch.Tensor) and ids.dim() == 2:
+            mask = kwargs.get("attention_mask")
+            n = int(mask.sum(dim=1).max()) if isinstance(mask, torch.Tensor) else ids.shape[1]
+            if n > self.config.max_position_embeddings:
+                raise ValueError(f"prompt of {n} tokens is longer than the model's context "
+                                 f"block_size={self.config.max_position_embeddings}; shorten it")
+        kwargs.setdefault("use_cache", False)
+        return super().generate(inputs, *args, **kwargs)
+
+
+def _family(arch: str) -> type[EnergyformerForCausalLM]:
+    # "__init__" in the class dict: see energyformer.hf.configuration._family
+    return type(f"Energyformer{class_name(arch)}ForCausalLM", (EnergyformerForCausalLM,),
+                {"config_class": CONFIG_CLASSES[arch], "__module__": __name__,
+                 "__doc__": f"The ``{arch}`` family as a Hugging Face causal LM "
+                            f"(model_type ``energyformer_{arch}``)."})
+
+
+#: arch name -> causal-LM class
+MODEL_CLASSES: dict[str, type[EnergyformerForCausalLM]] = {arch: _family(arch) for arch in CONFIG_CLASSES}
+globals().update({cls.__name__: cls for cls in MODEL_CLASSES.values()})

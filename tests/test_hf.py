@@ -1,0 +1,264 @@
+"""Hugging Face transformers integration: export / import, Auto classes, generate, stock Llama and GPT-2
+(energyformer.hf; docs/baselines.md §3, docs/cem.md §2). Offline: HF_HUB_OFFLINE=1 (conftest)."""
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import energyformer.hf  # noqa: E402,F401  (registers the Auto classes)
+from energyformer.cli import main  # noqa: E402
+from energyformer.data import CharTokenizer  # noqa: E402
+from energyformer.hf.export import export_run, import_hf  # noqa: E402
+from energyformer.runs.rundir import load_run  # noqa: E402
+from run_helpers import CHARS, char_meta, make_run  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+ARCHS = ["gpt", "llama", "cem", "nrgpt", "gpt_rec"]
+TEXT = "the cat sat on a mat."
+
+
+def _export(tmp_path, spec, name="run", **kw):
+    run = make_run(tmp_path / name, spec)
+    out = export_run(run, tmp_path / f"hf_{name}", **kw)
+    return run, out
+
+
+def _ours(run):
+    return load_run(run)[0]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_export_reproduces_our_logits_and_tokenizer(tmp_path, arch):
+    run, out = _export(tmp_path, {"arch": arch})
+    tok = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert type(model).__name__.startswith("Energyformer") and model.config.model_type == f"energyformer_{arch}"
+    ids = tok(TEXT)["input_ids"]
+    assert ids == CharTokenizer(CHARS).encode(TEXT) and tok.decode(ids) == TEXT
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        torch.testing.assert_close(model(x).logits, _ours(run)(x)[0], atol=0, rtol=0)
+    assert json.loads((out / "generation_config.json").read_text())["use_cache"] is False
+
+
+def test_tied_head_is_stored_once_and_tied_after_loading(tmp_path):
+    from safetensors import safe_open
+
+    _, out = _export(tmp_path, {"arch": "cem", "tie_embeddings": True})
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert "model.embed.weight" in names and "model.lm_head.weight" not in names
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.model.lm_head.weight is model.model.embed.weight
+
+
+def test_padded_batch_gives_each_row_its_unpadded_logits(tmp_path):
+    run, out = _export(tmp_path, {"arch": "nrgpt"})
+    tok, model, ours = AutoTokenizer.from_pretrained(out), AutoModelForCausalLM.from_pretrained(out), _ours(run)
+    texts = ["the cat", "a dog ran on", "so"]
+    enc = tok(texts, return_tensors="pt", padding=True)
+    assert tok.padding_side == "left" and (enc["attention_mask"] == 0).any()
+    with torch.no_grad():
+        logits = model(**enc).logits
+        for row, text in enumerate(texts):
+            n = len(text)
+            ref = ours(torch.tensor([tok(text)["input_ids"]]))[0][0]
+            torch.testing.assert_close(logits[row, -n:], ref, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["nrgpt", "gpt", "cem"])
+def test_greedy_generate_equals_ours_also_past_block_size(tmp_path, arch):
+    run, out = _export(tmp_path, {"arch": arch})
+    tok, model, ours = AutoTokenizer.from_pretrained(out), AutoModelForCausalLM.from_pretrained(out), _ours(run)
+    x = torch.tensor([tok("the cat")["input_ids"]])
+    n_new = 40  # 7 + 40 > block_size 32: both slide the context window
+    hf_out = model.generate(x, max_new_tokens=n_new, do_sample=False)
+    # our cached decoding restarts its cache past block_size; the plain sliding window is use_cache=False
+    no_cache = {"use_cache": False} if "use_cache" in inspect.signature(ours.generate).parameters else {}
+    ref = ours.generate(x, n_new, temperature=0, **no_cache)
+    assert hf_out.shape == (1, 7 + n_new)
+    assert torch.equal(hf_out, ref)
+
+
+def test_batched_left_padded_generate_equals_one_prompt_at_a_time(tmp_path):
+    _, out = _export(tmp_path, {"arch": "gpt_rec"})
+    tok, model = AutoTokenizer.from_pretrained(out), AutoModelForCausalLM.from_pretrained(out)
+    texts = ["the cat", "a dog ran on"]
+    enc = tok(texts, return_tensors="pt", padding=True)
+    batched = model.generate(**enc, max_new_tokens=6, do_sample=False)
+    for row, text in enumerate(texts):
+        single = model.generate(**tok([text], return_tensors="pt"), max_new_tokens=6, do_sample=False)
+        assert tok.decode(batched[row], skip_special_tokens=True) == tok.decode(single[0])
+
+
+def test_sampling_options(tmp_path):
+    _, out = _export(tmp_path, {"arch": "nrgpt"})
+    tok, model = AutoTokenizer.from_pretrained(out), AutoModelForCausalLM.from_pretrained(out)
+    x = tok(["the cat"], return_tensors="pt")
+    greedy = model.generate(**x, max_new_tokens=8, do_sample=False)
+
+    def sample(seed, **kw):
+        torch.manual_seed(seed)
+        return model.generate(**x, max_new_tokens=8, do_sample=True, **kw)
+
+    a, b = sample(0, temperature=1.5), sample(0, temperature=1.5)
+    assert torch.equal(a, b) and not torch.equal(a, greedy)  # seeded sampling is reproducible
+    assert int(a.max()) < len(CHARS)  # never the <pad> id or beyond the vocabulary
+    assert torch.equal(sample(1, top_k=1), greedy)  # top-k = 1 is greedy
+    assert torch.equal(sample(2, top_p=1e-6), greedy)  # a tiny nucleus keeps only the top token
+    # a huge repetition penalty forbids every token already in the context
+    rep = model.generate(**x, max_new_tokens=8, do_sample=False, repetition_penalty=1e9)[0].tolist()
+    assert len(set(rep)) == len(set(rep[:7])) + 8
+
+
+def test_generate_refuses_a_prompt_longer_than_the_context(tmp_path):
+    _, out = _export(tmp_path, {"arch": "gpt"})
+    model = AutoModelForCausalLM.from_pretrained(out)
+    with pytest.raises(ValueError, match=r"prompt of 40 tokens .* block_size=32"):
+        model.generate(torch.zeros(1, 40, dtype=torch.long), max_new_tokens=2)
+
+
+def test_model_kwargs_pass_through_and_are_checked(tmp_path):
+    run, out = _export(tmp_path, {"arch": "nrgpt"})
+    model, ours = AutoModelForCausalLM.from_pretrained(out), _ours(run)
+    x = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(x, n_steps=5).logits, ours(x, n_steps=5)[0], atol=0, rtol=0)
+    gpt = AutoModelForCausalLM.from_pretrained(_export(tmp_path, {"arch": "gpt"}, name="g")[1])
+    with pytest.raises(ValueError, match="n_steps"):
+        gpt(x, n_steps=2)
+
+
+# --- stock transformers classes ---------------------------------------------------------------
+
+_STOCK_SCRIPT = textwrap.dedent("""
+    import json, sys, torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    text, results = sys.argv[1], {}
+    for folder in sys.argv[2:]:
+        tok, model = AutoTokenizer.from_pretrained(folder), AutoModelForCausalLM.from_pretrained(folder)
+        ids = tok(text)["input_ids"]
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0]
+        results[folder] = {"cls": type(model).__name__, "ids": ids, "logits": logits.tolist()}
+    assert not any(m.startswith("energyformer") for m in sys.modules), "energyformer was imported"
+    print(json.dumps(results))
+""")
+
+STOCK_CASES = {  # name: (run spec, --as)
+    "llama_gqa_tied": ({"arch": "llama", "n_kv_heads": 1, "tie_embeddings": True}, "llama"),
+    "cem_llama": ({"arch": "cem", "rope": "llama", "per_step_scale": True}, "llama"),
+    "cem_llama_up_tied": ({"arch": "cem", "rope": "llama", "mlp_tie": "up", "tie_embeddings": True}, "llama"),
+    "gpt_gelu_tied": ({"arch": "gpt", "activation": "gelu", "tie_embeddings": True}, "gpt2"),
+    "gpt_relu_nobias": ({"arch": "gpt", "activation": "relu", "bias": False}, "gpt2"),
+}
+
+
+@pytest.fixture(scope="module")
+def stock_exports(tmp_path_factory):
+    """Every case exported, then loaded in one fresh Python that never imports energyformer."""
+    root = tmp_path_factory.mktemp("stock")
+    runs = {name: _export(root, spec, name=name, as_=as_) for name, (spec, as_) in STOCK_CASES.items()}
+    res = subprocess.run([sys.executable, "-c", _STOCK_SCRIPT, TEXT] + [str(out) for _, out in runs.values()],
+                         capture_output=True, text=True, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    loaded = json.loads(res.stdout.strip().splitlines()[-1])
+    return {name: (run, loaded[str(out)]) for name, (run, out) in runs.items()}
+
+
+@pytest.mark.parametrize("name", list(STOCK_CASES))
+def test_stock_export_loads_without_energyformer_with_our_logits(stock_exports, name):
+    """--as llama (our Llama; CEM at T=1 with llama RoPE, docs/cem.md §2) and --as gpt2 (our GPT)."""
+    run, got = stock_exports[name]
+    assert got["cls"] == {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel"}[STOCK_CASES[name][1]]
+    with torch.no_grad():
+        ref = _ours(run)(torch.tensor([got["ids"]]))[0][0]
+    torch.testing.assert_close(torch.tensor(got["logits"]), ref, atol=2e-5, rtol=0)
+
+
+def test_export_as_llama_refuses_a_cem_that_is_not_a_llama(tmp_path):
+    run = make_run(tmp_path / "run", {"arch": "cem", "rope": "exact", "n_steps": 2})
+    with pytest.raises(ValueError, match=r"attn_n_steps=2 \(needs 1\).*rope='exact' \(needs 'llama'\)"):
+        export_run(run, tmp_path / "out", as_="llama")
+
+
+def test_export_as_gpt2_refuses_an_lm_head_bias(tmp_path):
+    run = make_run(tmp_path / "run", {"arch": "gpt"})  # default: bias=true, untied head with bias
+    with pytest.raises(ValueError, match="LM head has a bias"):
+        export_run(run, tmp_path / "out", as_="gpt2")
+
+
+@pytest.mark.parametrize("spec,as_", [({"arch": "llama", "n_kv_heads": 1}, "llama"),
+                                      ({"arch": "gpt", "activation": "gelu", "tie_embeddings": True}, "gpt2"),
+                                      ({"arch": "nrgpt", "eta_param": "c_diag_gamma"}, "energyformer")])
+def test_import_hf_round_trip(tmp_path, spec, as_):
+    run, out = _export(tmp_path, spec, as_=as_)
+    back = import_hf(out, tmp_path / "back")
+    x = torch.tensor([CharTokenizer(CHARS).encode(TEXT)])
+    model, _, meta = load_run(back)
+    assert meta["tokenizer"] == "char" and meta["chars"] == CHARS
+    with torch.no_grad():
+        torch.testing.assert_close(model(x)[0], _ours(run)(x)[0], atol=2e-5, rtol=0)
+    export_run(back, tmp_path / "again")  # an imported run is complete: it exports again
+
+
+def test_bpe_run_exports_its_tokenizer(tmp_path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    bpe.train_from_iterator([TEXT * 20, "ROMEO: the dog"], trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    meta = {**char_meta(), "tokenizer": "bpe", "bpe": json.loads(bpe.to_str()), "vocab_size": bpe.get_vocab_size()}
+    meta.pop("chars")
+    run = make_run(tmp_path / "run", {"arch": "gpt", "vocab_size": bpe.get_vocab_size()}, meta=meta)
+    out = export_run(run, tmp_path / "hf")
+    tok = AutoTokenizer.from_pretrained(out)
+    assert tok("the dog ran")["input_ids"] == bpe.encode("the dog ran").ids
+    assert tok.decode(tok("ROMEO: the ñ")["input_ids"]) == "ROMEO: the ñ"
+    back = load_run(import_hf(out, tmp_path / "back"))[2]
+    assert back["tokenizer"] == "bpe" and back["bpe"]["model"]["type"] == "BPE"
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+def test_export_of_an_incomplete_run_is_one_line_error(tmp_path, capsys):
+    run = make_run(tmp_path / "run", {"arch": "gpt"}, complete=False)
+    assert main(["export", str(run), "--to", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: run ") and "is incomplete" in err and "\n" not in err
+
+
+def test_import_of_another_model_type_is_one_line_error(tmp_path, capsys):
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "bert" / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    assert main(["import-hf", str(tmp_path / "bert"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "model_type='bert'" in err and "llama, gpt2" in err and "\n" not in err
+
+
+def test_export_bad_format_and_target(tmp_path, capsys):
+    run = make_run(tmp_path / "run", {"arch": "gpt"})
+    assert main(["export", str(run), "--to", str(tmp_path / "o"), "--as", "bert"]) == 2
+    assert "--as 'bert' is not a format" in capsys.readouterr().err
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x.txt").write_text("x")
+    with pytest.raises(ValueError, match="non-empty folder"):
+        export_run(run, tmp_path / "full")
+
+
+def test_cli_export_and_import_hf(tmp_path, capsys):
+    run = make_run(tmp_path / "run", {"arch": "llama"})
+    assert main(["export", str(run), "--to", str(tmp_path / "hf"), "--as", "llama"]) == 0
+    assert str(tmp_path / "hf") in capsys.readouterr().out
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "llama"
+    assert main(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "back")]) == 0
+    assert load_run(tmp_path / "back")[1].model.arch == "llama"
