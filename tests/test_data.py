@@ -534,8 +534,10 @@ def test_tokenizer_errors():
         CharTokenizer.from_text("")
     with pytest.raises(ValueError, match="vocab_size=5"):
         CharTokenizer.from_meta({"tokenizer": "char", "vocab_size": 5, "chars": ["a"]})
-    with pytest.raises(ValueError, match=r"tokenizer='bpe'.*'char'"):
-        load_tokenizer({"tokenizer": "bpe", "vocab_size": 4096})
+    with pytest.raises(ValueError, match=r"tokenizer='sentencepiece'.*'char'"):
+        load_tokenizer({"tokenizer": "sentencepiece", "vocab_size": 4096})
+    with pytest.raises(ValueError, match=r"needs tokenizer='bpe' and the 'bpe' tokenizer.json"):
+        load_tokenizer({"tokenizer": "bpe", "vocab_size": 4096})  # a BPE meta without its tokenizer.json
 
 
 # ----------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import numpy as np
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
-DATASETS = ("shakespeare_char",)  # names that `energyformer prepare NAME` builds
+DATASETS = ("shakespeare_char", "listops", "gp", "english")  # names that `energyformer prepare NAME` builds
 SPLITS = ("train", "val")
 TOKEN_DTYPE = np.uint16
 REQUIRED_META_KEYS = ("tokenizer", "vocab_size", "n_train", "n_val", "format_version")

@@ -34,9 +34,10 @@ from ..utils.io import atomic_write_bytes
 from . import shakespeare
 from .meta import DATASETS, FORMAT_VERSION, META_FILE, TOKEN_DTYPE, load_meta
 from .shakespeare import DataPreparationError, sha256_file
-from .tokenizers import MAX_UINT16_VOCAB, TOKENIZERS, CharTokenizer
+from .tokenizers import MAX_UINT16_VOCAB, CharTokenizer
 
 VAL_FRACTION = 0.1
+TEXT_TOKENIZERS = ("char",)  # what write_dataset builds (BPE corpora: energyformer.data.english)
 
 
 def _printer(verbose: bool) -> Callable[[str], None]:
@@ -96,7 +97,7 @@ def write_dataset(text: str, out_dir: str | Path, *, dataset: str, source: dict,
         ValueError: unknown tokenizer; text too short to give >= 2 tokens to each split; a
             vocabulary larger than 65535 (ids must fit uint16).
     """
-    check_choice("tokenizer", tokenizer, tuple(TOKENIZERS))
+    check_choice("tokenizer", tokenizer, TEXT_TOKENIZERS)
     check_float("val_fraction", val_fraction, 0.0, strict=True, maximum=0.5)
     n = len(text)
     n_train, n_val = split_sizes(n, val_fraction)
@@ -213,6 +214,9 @@ def prepare_dataset(name: str, out_root: str | Path = "data", cache_dir: str | P
         FileNotFoundError / ValueError: a bad ``text`` file (see :func:`read_text_file`).
     """
     check_choice("dataset", name, DATASETS)
+    if name != "shakespeare_char":  # the generated datasets of the experiments have their own options
+        raise ValueError(f"dataset {name!r} is built by energyformer.data.task_data.prepare_task_data "
+                         f"(`energyformer prepare {name}`)")
     if wheel is not None and text is not None:
         raise ValueError("pass either wheel= (--wheel) or text= (--text), not both")
     if slice_bytes is not None:
@@ -264,7 +268,7 @@ def prepare_text(input: str | Path, out_dir: str | Path | None = None, tokenizer
     Args:
         input: the text file.
         out_dir: output folder (default ``data/<file stem>``).
-        tokenizer: one of ``TOKENIZERS`` (``"char"``).
+        tokenizer: one of ``TEXT_TOKENIZERS`` (``"char"``).
         val_fraction: share of the characters (the end of the file) kept for validation, in (0, 0.5].
         force: rebuild even if up to date.
         verbose: print progress / "up to date" messages.
@@ -277,7 +281,7 @@ def prepare_text(input: str | Path, out_dir: str | Path | None = None, tokenizer
         ValueError: non-UTF-8 bytes, a file too short to split (each split needs >= 2 tokens),
             more than 65535 distinct characters, an unknown tokenizer or a bad val_fraction.
     """
-    check_choice("tokenizer", tokenizer, tuple(TOKENIZERS))
+    check_choice("tokenizer", tokenizer, TEXT_TOKENIZERS)
     check_float("val_fraction", val_fraction, 0.0, strict=True, maximum=0.5)
     say = _printer(verbose)
     input = Path(input)

