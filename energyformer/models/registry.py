@@ -20,6 +20,7 @@ ARCHS: dict[str, tuple[str, str, str]] = {
     "cem": ("energyformer.models.cem", "CEMLlama", "CEMConfig"),
     "llama": ("energyformer.models.llama", "Llama", "LlamaConfig"),
     "gpt_rec": ("energyformer.models.recurrent_gpt", "RecurrentGPT", "RecurrentGPTConfig"),
+    "regressor": ("energyformer.models.regression", "SequenceRegressor", "RegressorConfig"),
 }
 
 
