@@ -1,0 +1,93 @@
+"""Energy inspection (energyformer.inspect; docs/architecture.md §4): the report is built on the one
+Trace type, its energies equal a direct evaluation of the energy at the recorded states, and
+`energyformer inspect` writes the JSON trace and the plots."""
+import json
+
+import pytest
+import torch
+
+from energyformer import build_model
+from energyformer.cli import main
+from energyformer.inspect.energy import energy_report, report_from_trace
+
+NRGPT = {"arch": "nrgpt", "vocab_size": 11, "d_model": 16, "n_heads": 2, "n_steps": 3, "block_size": 16,
+         "eta_param": "c_diag_gamma"}
+CEM = {"arch": "cem", "vocab_size": 11, "d_model": 16, "n_layers": 2, "n_heads": 2, "n_steps": 2, "block_size": 16,
+       "preconditioner": "diag_lowrank", "preconditioner_rank": 2}
+
+
+def test_nrgpt_trace_energies_equal_direct_evaluation():
+    torch.manual_seed(0)
+    model = build_model(NRGPT).double().eval()
+    idx = torch.randint(0, 11, (2, 9))
+    with model.trace() as trace:
+        model(idx)
+    for r in trace.select(0, "block"):
+        direct = model.block.energy(r.x)
+        assert torch.allclose(r.energies["attn"], direct["attn"], atol=1e-12)
+        assert torch.allclose(r.energies["ff"], direct["ff"], atol=1e-12)
+        assert torch.allclose(r.energies["total"], direct["attn"] + direct["ff"], atol=1e-12)
+    report = report_from_trace(trace, batch_index=1)
+    (block,) = report
+    x = trace.states(0, "block")[:, 1]
+    assert block["steps"] == 3 and len(block["energy"]["total"]) == 4 and len(block["cos"]) == 3
+    assert block["step_norm"][0] == pytest.approx((x[1] - x[0]).norm(dim=-1).tolist())
+    g = trace.records[0].grad[1]
+    assert block["grad_norm"][0] == pytest.approx(g.norm(dim=-1).tolist())
+
+
+def test_cem_trace_energies_equal_direct_evaluation():
+    torch.manual_seed(1)
+    model = build_model(CEM).double().eval()
+    idx = torch.randint(0, 11, (1, 7))
+    with model.trace() as trace:
+        model(idx)
+    for layer in trace.layers():
+        for sub in ("attn", "mlp"):
+            recs = trace.select(layer, sub)
+            module = getattr(model.blocks[layer], sub)
+            h = recs[0].x  # the sub-block input: its context
+            for r in recs:
+                assert torch.allclose(r.energies[sub], module.energy(r.x, h), atol=1e-12)
+    report = energy_report(model, idx)
+    assert [(b["layer"], b["sub"]) for b in report["blocks"]] == [(0, "attn"), (0, "mlp"), (1, "attn"), (1, "mlp")]
+    # a plain step is a pure gradient step: cos(Δx, −∇E) = 1 without a preconditioner
+    plain = build_model({**CEM, "preconditioner": None, "preconditioner_rank": 8}).double().eval()
+    cos = [c for b in energy_report(plain, idx)["blocks"] for row in b["cos"] for c in row]
+    assert min(cos) == pytest.approx(1.0, abs=1e-9)
+
+
+def test_models_without_energies_are_refused():
+    with pytest.raises(ValueError, match="no energy layers"):
+        energy_report(build_model({"arch": "llama", "vocab_size": 11, "d_model": 16, "n_heads": 2}),
+                      torch.zeros(1, 3, dtype=torch.long))
+    llama_rope = build_model({**CEM, "rope": "llama", "preconditioner": None})
+    with pytest.raises(ValueError, match="recorded no energy"):
+        energy_report(llama_rope, torch.zeros(1, 3, dtype=torch.long))
+
+
+def test_inspect_command_writes_trace_and_plots(tmp_path, capsys):
+    text = tmp_path / "t.txt"
+    text.write_text("abcdefghij\n" * 300, encoding="utf-8")
+    assert main(["prepare", "text", "--input", str(text), "--out", str(tmp_path / "data")]) == 0
+    run = tmp_path / "run"
+    assert main(["train", _recipe(tmp_path), "--train.max_steps", "2", "--train.out_dir", str(run)]) == 0
+    out = tmp_path / "figs"
+    assert main(["inspect", str(run), "--prompt", "abcabc", "--out", str(out), "--n-steps", "4"]) == 0
+    trace = json.loads((out / "trace.json").read_text())
+    assert trace["arch"] == "nrgpt" and trace["tokens"] == list("abcabc")
+    (block,) = trace["blocks"]
+    assert block["steps"] == 4 and set(block["energy"]) == {"attn", "ff", "total"}
+    assert (out / "energy_steps.png").stat().st_size > 0 and (out / "energy_heatmap.png").stat().st_size > 0
+    assert "mean cos" in capsys.readouterr().out
+    assert main(["inspect", str(run), "--prompt", "xyz", "--out", str(out)]) == 2
+    assert "cannot encode the prompt" in capsys.readouterr().err
+
+
+def _recipe(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(f"""model: {{arch: nrgpt, d_model: 16, n_heads: 2, n_steps: 2, block_size: 16}}
+data: {{data_dir: {tmp_path / 'data'}}}
+train: {{batch_size: 2, eval_iters: 1, eval_interval: 2, device: cpu}}
+""", encoding="utf-8")
+    return str(path)
