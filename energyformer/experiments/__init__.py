@@ -1,0 +1,42 @@
+"""The papers' experiments, one command each (``energyformer experiment NAME [--seeds 3] [--quick]``).
+
+Each experiment is a module here with ``run(ctx)`` and its budget in its docstring; it trains its
+runs (a finished run with the same config is reused, not repeated), writes
+``results/NAME/{table.md, results.json, *.png}`` and the runs' summaries, and returns the table.
+
+    (a) cem_ablation  (b) gp_recursion  (c) listops_transition  (d) shakespeare_scaling
+    (e) energy_descent  (f) inference_steps
+"""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from energyformer._validate import check_choice, check_int
+
+EXPERIMENTS = ("cem_ablation", "gp_recursion", "listops_transition", "shakespeare_scaling", "energy_descent",
+               "inference_steps")
+
+
+def run_experiment(name: str, seeds: int = 3, quick: bool = False, results_dir: str | Path = "results",
+                   work_dir: str | Path = "out/experiments", data_root: str | Path = "data",
+                   verbose: bool = True) -> dict[str, Any]:
+    """Run the experiment ``name`` (see :mod:`energyformer.experiments.common` for the options).
+
+    Returns:
+        its results (also in ``results_dir/NAME/results.json``), with the Markdown ``"table"``.
+
+    Raises:
+        ValueError: unknown ``name``, ``seeds < 1``.
+        FileNotFoundError: (full runs) the experiment's dataset is not prepared.
+    """
+    from energyformer.experiments.common import Context
+
+    check_choice("experiment", name, EXPERIMENTS)
+    check_int("seeds", seeds, 1)
+    ctx = Context(name=name, seeds=seeds, quick=quick, results_dir=Path(results_dir), work_dir=Path(work_dir),
+                  data_root=Path(data_root), verbose=verbose)
+    module = importlib.import_module(f"energyformer.experiments.{name}")
+    ctx.say(f"experiment {name}: {seeds} seed(s){' (quick)' if quick else ''}; runs in {ctx.runs}")
+    return module.run(ctx)
