@@ -5,6 +5,7 @@ built from their signatures and docstrings with jsonargparse.
     energyformer prepare text --input FILE [--tokenizer char] [--out DIR] [--force true]
     energyformer train RECIPE.yaml [--section.key value ...]      # RECIPE --help lists every key
     energyformer sample RUN_DIR --prompt TEXT [--max_new_tokens N] [--temperature T] [--top_k K] [--seed S]
+        [--top_p P] [--min_p P] [--repetition_penalty R] [--stop TEXT] [--interactive] [--use_cache false]
     energyformer info RECIPE.yaml [--section.key value ...]
     energyformer compare RUN_DIR [RUN_DIR ...] [--out TABLE.md|TABLE.json] [--plot CURVES.png]
     energyformer export RUN_DIR [--to DIR] [--as energyformer|llama|gpt2]   # a transformers folder
@@ -110,22 +111,33 @@ def train(recipe: str, overrides: Sequence[str] = (), progress: bool | None = No
     return run_training(load_config(recipe, overrides, resolve_vocab=True), progress=progress)
 
 
-def sample(run_dir: str, prompt: str = "\n", max_new_tokens: int = 500, temperature: float = 0.8,
-           top_k: int | None = 200, seed: int = 1337, num_samples: int = 1, device: str = "cpu") -> list[str]:
+def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 500, temperature: float = 0.8,
+           top_k: int | None = 200, top_p: float | None = None, min_p: float | None = None,
+           repetition_penalty: float | None = None, stop: list[str] | str | None = None, seed: int = 1337,
+           num_samples: int = 1, interactive: bool = False, use_cache: bool = True,
+           device: str = "cpu") -> list[str] | None:
     """Generate text from a trained run directory.
 
     Args:
         run_dir: run directory written by `energyformer train` (train.out_dir).
-        prompt: text to continue (default: a newline).
+        prompt: text to continue (default: a newline), or a JSON list of prompts '["ROMEO:", "JULIET:"]'.
         max_new_tokens: tokens to generate after the prompt.
-        temperature: sampling temperature; 0 = greedy.
+        temperature: sampling temperature; 0 = greedy (tiny values are greedy too).
         top_k: sample among the k most likely tokens; 0 or null = all.
+        top_p: nucleus sampling: the smallest set of likely tokens with this much probability (0 < p <= 1).
+        min_p: drop tokens less likely than min_p times the most likely one (0 <= p <= 1).
+        repetition_penalty: > 1 discourages tokens already in the text (1 or null = off).
+        stop: stop a sample at this text (or any of a JSON list of texts); the text ends before it.
         seed: seed of the sampling generator (same seed, same text).
-        num_samples: how many continuations.
+        num_samples: how many continuations per prompt.
+        interactive: read prompts from standard input, one per line (\\n in a line is a newline),
+            and print the continuations of each until end of input.
+        use_cache: decode with a key/value cache (false: recompute the whole context for every token).
         device: cpu, cuda, cuda:N, mps or auto.
 
     Returns:
-        the ``num_samples`` texts, each starting with the prompt.
+        the texts, ``num_samples`` per prompt, each starting with its prompt (None with
+        ``interactive``, which prints as it goes).
 
     Raises:
         FileNotFoundError / ValueError: missing or corrupt run files (see ``load_run``), a prompt
@@ -140,21 +152,56 @@ def sample(run_dir: str, prompt: str = "\n", max_new_tokens: int = 500, temperat
 
     check_int("num_samples", num_samples, 1)
     check_int("seed", seed, 0)
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if any(not s for s in stops):
+        raise ValueError(f"--stop={stop!r}: a stop text must not be empty")
     dev = resolve_device(device)
     model, _, meta = load_run(run_dir, device=dev)
     tokenizer = load_tokenizer(meta)
-    try:
-        ids = tokenizer.encode(prompt)
-    except (KeyError, ValueError) as e:
-        raise ValueError(f"cannot encode the prompt with the run's {meta.get('tokenizer')!r} tokenizer: "
-                         f"{e}") from None
-    if not ids:
-        raise ValueError("the prompt is empty; give at least one character, e.g. --prompt $'\\n'")
     generator = torch.Generator(device=dev).manual_seed(seed)
-    idx = torch.tensor([ids] * num_samples, dtype=torch.long, device=dev)
-    out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k or None,
-                         generator=generator, vocab_limit=min(tokenizer.vocab_size, model.config.vocab_size))
-    return [tokenizer.decode(row.tolist()) for row in out]
+
+    def encode(text: str) -> list[int]:
+        try:
+            ids = tokenizer.encode(text)
+        except (KeyError, ValueError) as e:
+            raise ValueError(f"cannot encode the prompt with the run's {meta.get('tokenizer')!r} tokenizer: "
+                             f"{e}") from None
+        if not ids:
+            raise ValueError("the prompt is empty; give at least one character, e.g. --prompt $'\\n'")
+        return ids
+
+    def cut(text: str, start: int) -> str:  # the text before the first stop after the prompt
+        ends = [i for i in (text.find(s, start) for s in stops) if i >= 0]
+        return text[: min(ends)] if ends else text
+
+    def run(prompts: list[str]) -> list[str]:
+        rows = [encode(p) for p in prompts for _ in range(num_samples)]
+        out = model.generate(
+            rows, max_new_tokens, temperature=temperature, top_k=top_k or None, top_p=top_p, min_p=min_p,
+            repetition_penalty=repetition_penalty, generator=generator, use_cache=use_cache,
+            stop=(lambda ids: any(s in tokenizer.decode(ids) for s in stops)) if stops else None,
+            vocab_limit=min(tokenizer.vocab_size, model.config.vocab_size))
+        texts = []
+        for row, ids in zip(out, rows):
+            prompt_text = tokenizer.decode(ids)
+            texts.append(cut(tokenizer.decode(row.tolist()), len(prompt_text)))
+        return texts
+
+    if not interactive:
+        return run([prompt] if isinstance(prompt, str) else list(prompt))
+    while True:
+        if sys.stdin.isatty():
+            print("> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            return None
+        text = line.rstrip("\n").replace("\\n", "\n")
+        if not text:
+            continue
+        try:
+            print(SAMPLE_SEPARATOR.join(run([text])), end=SAMPLE_SEPARATOR, flush=True)
+        except ValueError as e:  # a bad prompt ends that prompt, not the session
+            print(f"error: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
 
 
 def info(recipe: str, overrides: Sequence[str] = ()) -> str:
@@ -424,6 +471,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             return 130
-        if show is not None:
+        if show is not None and result is not None:
             print(show(result))
         return 0
