@@ -237,7 +237,7 @@ def test_kv_cache_grows_and_checks_shapes():
     torch.testing.assert_close(k, torch.cat(chunks, dim=2), rtol=0, atol=0)
     assert v.shape == (2, 3, 26, 0) and cache.get_seq_length(1) == 26 and cache.get_seq_length(0) == 0
     assert len(cache) == 2
-    with pytest.raises(ValueError, match=r"cannot append \(2, 5, 1, 4\)"):
+    with pytest.raises(ValueError, match=r"slot 1 holds \(B, H, e\) = \(2, 3, 4\).*cannot append \(2, 5, 1, 4\)"):
         cache.update(torch.randn(2, 5, 1, 4), torch.randn(2, 5, 1, 4), layer_idx=1)
     with pytest.raises(ValueError, match=r"\(B, H, N, e\)"):
         cache.update(torch.randn(3, 1, 4), torch.randn(3, 1, 4), layer_idx=0)

@@ -160,3 +160,92 @@ def test_bad_prompt_lists_are_clear_errors(model):
 def test_every_accepted_extreme_gives_valid_ids(model, kw):
     out = model.generate(_prompt(), 6, generator=_gen(0), **kw)
     assert out.shape == (3, 10) and 0 <= int(out.min()) and int(out.max()) < V
+
+
+# ------------------------------------------------------------------------------------------ the `sample` command
+SEP = "\n---------------\n"
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A tiny trained char-level GPT run (hand-written data, 30 steps)."""
+    import yaml
+    from helpers import make_data_dir
+
+    from energyformer.cli import main
+
+    root = tmp_path_factory.mktemp("sample")
+    make_data_dir(root / "data" / "tiny", n_words=1500)
+    cfg = {"model": {"arch": "gpt", "d_model": 32, "n_layers": 1, "n_heads": 2, "block_size": 16},
+           "data": {"root": str(root / "data"), "dataset": "tiny"},
+           "train": {"out_dir": str(root / "run"), "max_steps": 30, "batch_size": 8, "eval_interval": 30,
+                     "eval_iters": 1, "log_interval": 10, "warmup_steps": 2, "learning_rate": 3e-3, "device": "cpu"}}
+    (root / "tiny.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["train", str(root / "tiny.yaml")]) == 0
+    return root / "run"
+
+
+def _sample(run_dir, capsys, *args):
+    from energyformer.cli import main
+
+    code = main(["sample", str(run_dir), *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_sample_new_options_and_use_cache(run_dir, capsys):
+    common = ["--max-new-tokens", "30", "--seed", "5", "--top-p", "0.9", "--min-p", "0.05",
+              "--repetition-penalty", "1.3", "--temperature", "0.9"]
+    code, cached, _ = _sample(run_dir, capsys, "--prompt", "the ", *common)
+    assert code == 0 and cached.startswith("the ") and len(cached) == 4 + 30 + 1
+    assert _sample(run_dir, capsys, "--prompt", "the ", *common)[1] == cached             # seeded
+    within = [*common, "--max-new-tokens", "11"]  # 4 + 11 < block_size 16: the same context either way
+    assert _sample(run_dir, capsys, "--prompt", "the ", *within, "--use-cache", "false")[1] == \
+        _sample(run_dir, capsys, "--prompt", "the ", *within)[1]
+    assert _sample(run_dir, capsys, "--prompt", "the ", *common[:-2], "--temperature", "1e-40")[1] == \
+        _sample(run_dir, capsys, "--prompt", "the ", *common[:-2], "--temperature", "0")[1]
+
+
+def test_sample_a_batch_of_prompts_and_stop_texts(run_dir, capsys):
+    code, out, _ = _sample(run_dir, capsys, "--prompt", '["the ", "a", "dog ran"]', "--max-new-tokens", "20",
+                           "--temperature", "0", "--num-samples", "2")
+    texts = out.removesuffix("\n").split(SEP)
+    assert code == 0 and len(texts) == 6
+    for prompt, (a, b) in zip(["the ", "a", "dog ran"], zip(texts[::2], texts[1::2])):
+        assert a == b and a.startswith(prompt) and len(a) == len(prompt) + 20
+        alone = _sample(run_dir, capsys, "--prompt", prompt, "--max-new-tokens", "20", "--temperature", "0")[1]
+        assert alone == a + "\n"  # each prompt as if sampled alone
+    full = texts[0]
+    stop = full[6:8]  # a stop text that occurs in the continuation
+    code, out, _ = _sample(run_dir, capsys, "--prompt", "the ", "--max-new-tokens", "20", "--temperature", "0",
+                           "--stop", stop)
+    assert code == 0 and out == full[: full.index(stop, 4)] + "\n"
+    code, out, _ = _sample(run_dir, capsys, "--prompt", "the ", "--max-new-tokens", "20", "--temperature", "0",
+                           "--stop", f'["zzz", "{stop}"]')
+    assert out == full[: full.index(stop, 4)] + "\n"
+
+
+@pytest.mark.parametrize("args,match", [(["--top-p", "0"], "top_p=0.0 must be > 0.0"),
+                                        (["--min-p", "1.5"], "min_p=1.5 must be <= 1.0"),
+                                        (["--repetition-penalty", "-1"], "repetition_penalty=-1.0 must be > 0.0"),
+                                        (["--stop", ""], "a stop text must not be empty")])
+def test_sample_bad_options_are_one_line_errors(run_dir, capsys, args, match):
+    code, _, err = _sample(run_dir, capsys, "--prompt", "the ", *args)
+    assert code == 2 and err.startswith("error: ") and match in err and err.count("\n") == 1
+
+
+def test_interactive_prompt_loop_reads_stdin(run_dir):
+    """`sample --interactive` answers each line of standard input; a bad line is an error line, not the end."""
+    import subprocess
+    import sys
+
+    lines = "the \n\nXYZ€\na\\nt\ncat \n"
+    r = subprocess.run([sys.executable, "-m", "energyformer", "sample", str(run_dir), "--interactive",
+                        "--max-new-tokens", "10", "--temperature", "0"], input=lines, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    answers = r.stdout.split(SEP)
+    assert answers[-1] == "" and len(answers) == 4  # three good prompts, each followed by the separator
+    assert [a[: len(p)] for a, p in zip(answers, ["the ", "a\nt", "cat "])] == ["the ", "a\nt", "cat "]
+    assert all(len(a) == len(p) + 10 for a, p in zip(answers, ["the ", "a\nt", "cat "]))
+    assert r.stderr.count("error: ") == 1 and "cannot encode the prompt" in r.stderr

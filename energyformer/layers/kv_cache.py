@@ -28,9 +28,10 @@ __all__ = ["KVCache", "cache_length"]
 class KVCache:
     """A growing per-slot key/value cache (``transformers.DynamicCache``'s protocol).
 
-    Storage grows by doubling, so appending one position is amortised O(1) copies; ``update``
-    returns views of the filled part. ``meta`` is free for the model to record what the cache
-    was filled with (NRGPT records ``n_steps`` and ``stop_tol`` and refuses a mismatching reuse).
+    ``update`` concatenates along the position axis and returns contiguous tensors (attention
+    kernels are much slower on strided views of a preallocated buffer). ``meta`` is free for the
+    model to record what the cache was filled with (NRGPT records ``n_steps`` and ``stop_tol`` and
+    refuses a mismatching reuse).
 
     Example::
 
@@ -42,37 +43,21 @@ class KVCache:
     def __init__(self) -> None:
         self._keys: list[torch.Tensor | None] = []
         self._values: list[torch.Tensor | None] = []
-        self._lengths: list[int] = []
         self.meta: dict[str, Any] = {}
 
     def __len__(self) -> int:
         """Number of slots used so far."""
-        return len(self._lengths)
+        return len(self._keys)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Positions cached in slot ``layer_idx`` (0 for a slot never written)."""
-        return self._lengths[layer_idx] if layer_idx < len(self._lengths) else 0
-
-    @staticmethod
-    def _grow(buf: torch.Tensor | None, new: torch.Tensor, length: int) -> torch.Tensor:
-        need = length + new.shape[-2]
-        if buf is None or buf.shape[:-2] != new.shape[:-2] or buf.shape[-1] != new.shape[-1] \
-                or buf.dtype != new.dtype or buf.device != new.device:
-            if buf is not None and length:
-                raise ValueError(f"cache slot holds (B, H, e) = {tuple(buf.shape[:2]) + (buf.shape[-1],)}, "
-                                 f"{buf.dtype}; cannot append {tuple(new.shape)}, {new.dtype}")
-            buf = new.new_empty(*new.shape[:-2], max(need, 16), new.shape[-1])
-        elif need > buf.shape[-2]:
-            bigger = buf.new_empty(*buf.shape[:-2], max(need, 2 * buf.shape[-2]), buf.shape[-1])
-            bigger[..., :length, :] = buf[..., :length, :]
-            buf = bigger
-        buf[..., length:need, :] = new
-        return buf
+        k = self._keys[layer_idx] if layer_idx < len(self._keys) else None
+        return 0 if k is None else k.shape[-2]
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int,
                cache_kwargs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Append ``key`` and ``value`` ``(B, H, N, e)`` to slot ``layer_idx``; return the slot's
-        ``(keys, values)``, ``(B, H, S, e)`` (views, valid until the next update of the slot).
+        ``(keys, values)``, ``(B, H, S, e)``.
 
         Raises:
             ValueError: a tensor that is not 4-D, keys and values of different ``(B, H, N)``, or a
@@ -81,22 +66,29 @@ class KVCache:
         if key.dim() != 4 or value.dim() != 4 or key.shape[:-1] != value.shape[:-1]:
             raise ValueError(f"key and value must be (B, H, N, e) with equal (B, H, N); got {tuple(key.shape)} "
                              f"and {tuple(value.shape)}")
-        while len(self._lengths) <= layer_idx:
+        while len(self._keys) <= layer_idx:
             self._keys.append(None)
             self._values.append(None)
-            self._lengths.append(0)
-        n = self._lengths[layer_idx]
-        self._keys[layer_idx] = self._grow(self._keys[layer_idx], key, n)
-        self._values[layer_idx] = self._grow(self._values[layer_idx], value, n)
-        self._lengths[layer_idx] = s = n + key.shape[-2]
-        return self._keys[layer_idx][..., :s, :], self._values[layer_idx][..., :s, :]
+        old_k, old_v = self._keys[layer_idx], self._values[layer_idx]
+        if old_k is None:
+            self._keys[layer_idx], self._values[layer_idx] = key.contiguous(), value.contiguous()
+        else:
+            for old, new in ((old_k, key), (old_v, value)):
+                if old.shape[:2] != new.shape[:2] or old.shape[-1] != new.shape[-1] or old.dtype != new.dtype:
+                    raise ValueError(f"cache slot {layer_idx} holds (B, H, e) = "
+                                     f"{tuple(old.shape[:2]) + (old.shape[-1],)}, {old.dtype}; cannot append "
+                                     f"{tuple(new.shape)}, {new.dtype}")
+            self._keys[layer_idx] = torch.cat((old_k, key), dim=-2)
+            self._values[layer_idx] = torch.cat((old_v, value), dim=-2)
+        return self._keys[layer_idx], self._values[layer_idx]
 
     def crop(self, max_length: int) -> None:
         """Keep the first ``max_length`` positions of every slot (positions are not shifted)."""
-        self._lengths = [min(n, max_length) for n in self._lengths]
+        self._keys = [None if k is None else k[..., :max_length, :].contiguous() for k in self._keys]
+        self._values = [None if v is None else v[..., :max_length, :].contiguous() for v in self._values]
 
     def reset(self) -> None:
-        """Forget everything (the storage is dropped)."""
+        """Forget everything."""
         self.__init__()
 
 
