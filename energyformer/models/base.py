@@ -230,6 +230,9 @@ class CausalLM(nn.Module):
                 bad = lo if lo < -1 else hi
                 raise ValueError(f"target id {bad} is out of range; expected ids in [0, {self.config.vocab_size}) "
                                  "or -1 (ignored)")
+            if hi == -1:  # the mean over no targets is NaN: say so instead
+                raise ValueError(f"every target is -1 (ignored) in targets of shape {tuple(targets.shape)}; "
+                                 "the loss needs at least one target id in [0, vocab_size)")
 
     @staticmethod
     def lm_loss(logits: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor | None:
