@@ -8,6 +8,7 @@ built from their signatures and docstrings with jsonargparse.
         [--top_p P] [--min_p P] [--repetition_penalty R] [--stop TEXT] [--interactive] [--use_cache false]
     energyformer info RECIPE.yaml [--section.key value ...]
     energyformer compare RUN_DIR [RUN_DIR ...] [--out TABLE.md|TABLE.json] [--plot CURVES.png]
+    energyformer eval RUN_DIR [--tasks mmlu_dev,val_loss,TASK] [--limit N] [--out REPORT.json]
     energyformer export RUN_DIR [--to DIR] [--as energyformer|llama|gpt2]   # a transformers folder
     energyformer import-hf HF_DIR [--out RUN_DIR]                            # stock Llama / GPT-2 → a run
 
@@ -304,6 +305,41 @@ def import_hf(hf_dir: str, out: str | None = None) -> Path:
     return read_hf_folder(hf_dir, out if out is not None else Path("out") / Path(hf_dir).name)
 
 
+def evaluate(run_dir: str, tasks: str = "mmlu_dev,val_loss", out: str | None = None, num_fewshot: int = 4,
+             batch_size: int = 8, limit: int | None = None, include_path: str | None = None, device: str = "cpu",
+             n_steps: int | None = None) -> dict[str, Any]:
+    """Evaluate a run: MMLU-format dev questions, validation loss, lm-eval tasks; a JSON + Markdown report.
+
+    Args:
+        run_dir: run directory with a complete checkpoint.
+        tasks: comma-separated: mmlu_dev, val_loss, or lm-eval task names whose data are local.
+        out: JSON report path (default RUN_DIR/eval.json; the Markdown table goes beside it as .md).
+        num_fewshot: shots for mmlu_dev (0-4: a subject has 5 dev questions) and lm-eval tasks.
+        batch_size: sequences per forward pass.
+        limit: at most this many questions per task (val_loss: windows of block_size tokens).
+        include_path: folder of extra lm-eval task YAMLs.
+        device: cpu, cuda, cuda:N, mps or auto.
+        n_steps: NRGPT / recurrent GPT: descent steps at evaluation (default: as trained).
+
+    Returns:
+        the report (printed as the Markdown table).
+
+    Raises:
+        ValueError / FileNotFoundError: an unknown task, an incomplete or missing run, missing data
+            (see ``energyformer.eval.suite.evaluate_run``).
+    """
+    from energyformer.eval.suite import evaluate_run
+
+    return evaluate_run(run_dir, tasks, out=out, num_fewshot=num_fewshot, batch_size=batch_size, limit=limit,
+                        include_path=include_path, device=device, n_steps=n_steps)
+
+
+def _format_eval(report: dict[str, Any]) -> str:
+    from energyformer.eval.suite import format_report
+
+    return format_report(report)
+
+
 def format_summary(s: dict[str, Any]) -> str:
     """Human-readable final training summary."""
     def f(x: Any, fmt: str) -> str:
@@ -330,6 +366,7 @@ COMMANDS: dict[str, tuple[Callable[..., Any], Callable[[Any], str] | None]] = {
     "sample": (sample, SAMPLE_SEPARATOR.join),
     "info": (info, str),
     "compare": (compare, str),
+    "eval": (evaluate, _format_eval),
     "export": (export, str),
     "import-hf": (import_hf, str),
 }

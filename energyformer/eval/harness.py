@@ -1,0 +1,223 @@
+"""The lm-evaluation-harness adapter: a run directory as an lm-eval model named ``energyformer``
+(the only module that imports ``lm_eval``; docs/architecture.md §1).
+
+::
+
+    python -m energyformer.eval.harness --model energyformer --model_args run=out/nrgpt --tasks mmlu_dev \\
+        --include_path DIR          # lm-eval's own command line, with this adapter registered
+    energyformer eval out/nrgpt --tasks mmlu_dev,val_loss   # the report (energyformer.eval.suite)
+
+(lm-eval's ``lm_eval`` executable has no plugin mechanism, so it cannot see a model registered
+by another package; ``python -m energyformer.eval.harness`` is that executable with ours added.)
+
+:class:`EnergyformerLM` implements ``loglikelihood`` (through lm-eval's ``TemplateLM``:
+``_loglikelihood_tokens``), ``loglikelihood_rolling`` and ``generate_until`` on our model and
+our tokenizer, batched; results go to lm-eval's cache hook, so ``--use_cache DB`` works.
+
+Choices lm-eval leaves to the model (as its ``hf`` model does, :class:`lm_eval.models.huggingface.HFLM`):
+
+- a context plus continuation longer than ``block_size`` keeps its last ``block_size + 1``
+  tokens (the context is cut from the left); ``generate_until`` slides the context window;
+- an empty context (and the first window of ``loglikelihood_rolling``) is conditioned on
+  ``prefix_token_id``: our models have no BOS token, so it is the id of ``"\\n"`` when the
+  vocabulary has one (a character model's natural "start of text"), else 0 (model argument
+  ``prefix_token_id`` to change it);
+- a text with a character outside a character vocabulary is an error naming it.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+from energyformer._validate import check_int
+from energyformer.data import load_tokenizer
+from energyformer.runs.rundir import load_run
+
+MODEL_NAME = "energyformer"
+
+
+@register_model(MODEL_NAME)
+class EnergyformerLM(TemplateLM):
+    """lm-eval model over an energyformer run directory.
+
+    Args (``--model_args key=value,...``):
+        run: the run directory (``energyformer train``'s ``train.out_dir``).
+        batch_size: sequences per forward pass (lm-eval passes its ``--batch_size`` here).
+        device: ``cpu``, ``cuda``, ``cuda:N``, ``mps`` or ``auto``.
+        max_gen_toks: default ``max_gen_toks`` of ``generate_until``.
+        prefix_token_id: the token an empty context is conditioned on (see the module docstring).
+        n_steps: NRGPT / recurrent GPT: descent steps at evaluation (default: as trained).
+
+    Raises:
+        FileNotFoundError / ValueError: a missing or incomplete run, bad arguments.
+    """
+
+    backend = "causal"
+
+    def __init__(self, run: str, batch_size: int | str = 8, device: str = "cpu", max_gen_toks: int = 256,
+                 prefix_token_id: int | None = None, n_steps: int | None = None, **kwargs: Any):
+        super().__init__()
+        from energyformer.utils.device import resolve_device
+
+        self._device = resolve_device(str(device))
+        self.model, self.run_config, meta = load_run(run, device=self._device)
+        self.tokenizer = load_tokenizer(meta)
+        self.batch_size = check_int("batch_size", 8 if str(batch_size) == "auto" else int(batch_size), 1)
+        self.max_gen_toks = check_int("max_gen_toks", int(max_gen_toks), 1)
+        self.max_length = self.model.config.block_size
+        self.vocab_limit = min(self.tokenizer.vocab_size, self.model.config.vocab_size)
+        self.forward_kwargs = {} if n_steps is None else {"n_steps": check_int("n_steps", int(n_steps), 1)}
+        if prefix_token_id is None:
+            try:
+                prefix_token_id = self.tokenizer.encode("\n")[0]
+            except (KeyError, ValueError, IndexError):
+                prefix_token_id = 0
+        self._prefix = check_int("prefix_token_id", int(prefix_token_id), 0, self.model.config.vocab_size - 1)
+
+    # --- what TemplateLM asks for ---------------------------------------------------------------
+
+    @property
+    def eot_token_id(self) -> int:
+        return self._prefix
+
+    @property
+    def prefix_token_id(self) -> int:
+        return self._prefix
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
+        """Our tokenizer's ids of ``string``. Raises ``ValueError`` naming a character outside the vocabulary."""
+        return list(self.tokenizer.encode(string))
+
+    def tok_decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    @torch.no_grad()
+    def logprobs(self, sequences: list[list[int]]) -> list[torch.Tensor]:
+        """Log-softmax of the next-token logits ``(n_i, V)`` of each sequence (each ≤ ``block_size``
+        tokens), right-padded into batches of ``batch_size`` (causal: padding after a sequence never
+        changes its logits)."""
+        out: list[torch.Tensor] = [None] * len(sequences)  # type: ignore[list-item]
+        order = sorted(range(len(sequences)), key=lambda i: -len(sequences[i]))
+        for start in range(0, len(order), self.batch_size):
+            rows = order[start:start + self.batch_size]
+            n = len(sequences[rows[0]])
+            batch = torch.zeros(len(rows), n, dtype=torch.long)
+            for r, i in enumerate(rows):
+                batch[r, :len(sequences[i])] = torch.tensor(sequences[i])
+            logits = self.model(batch.to(self._device), **self.forward_kwargs)[0].float()
+            lp = F.log_softmax(logits, dim=-1).cpu()
+            for r, i in enumerate(rows):
+                out[i] = lp[r, :len(sequences[i])]
+        return out
+
+    def _loglikelihood_tokens(self, requests: list, disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
+        """``(sum of log p(continuation | context), whether it is the greedy continuation)`` per
+        ``((context, continuation), context_ids, continuation_ids)``."""
+        seqs, spans = [], []
+        for _, ctx, cont in requests:
+            whole = (list(ctx) + list(cont))[-(self.max_length + 1):]
+            seqs.append(whole[:-1])
+            spans.append((len(whole) - 1 - len(cont), list(cont)))
+        results = []
+        for (req, (start, cont)), lp in zip(zip(requests, spans), self.logprobs(seqs)):
+            rows = lp[start:start + len(cont)]
+            target = torch.tensor(cont)
+            score = float(rows.gather(1, target[:, None]).sum())
+            greedy = bool((rows[:, :self.vocab_limit].argmax(dim=-1) == target).all())
+            results.append((score, greedy))
+            if req[0] is not None:
+                self.cache_hook.add_partial("loglikelihood", req[0], (score, greedy))
+        return results
+
+    def loglikelihood_rolling(self, requests: list, disable_tqdm: bool = False) -> list[float]:
+        """Log-likelihood of each whole text, in disjoint windows of ``block_size`` tokens (the first
+        token conditioned on ``prefix_token_id``), as lm-eval's ``hf`` model computes it."""
+        results = []
+        for req in requests:
+            (text,) = req.args
+            windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
+                self.tok_encode(text), prefix_token=self.prefix_token_id, max_seq_len=self.max_length, context_len=1)]
+            scores = self._loglikelihood_tokens([(None, ctx, cont) for ctx, cont in windows])
+            total = sum(s for s, _ in scores)
+            results.append(total)
+            self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
+        return results
+
+    @torch.no_grad()
+    def generate_until(self, requests: list, disable_tqdm: bool = False) -> list[str]:
+        """Greedy (or, with ``do_sample``/``temperature`` > 0, sampled) continuations, cut before the
+        first ``until`` string; ``max_gen_toks`` tokens at most. Requests with the same options are
+        batched when their contexts have the same length."""
+        results: list[str] = [""] * len(requests)
+        groups: dict[tuple, list[int]] = {}
+        parsed = []
+        for i, req in enumerate(requests):
+            context, gen_kwargs = req.args
+            opts = dict(gen_kwargs or {})
+            until = opts.pop("until", None) or []
+            until = [until] if isinstance(until, str) else list(until)
+            max_new = int(opts.pop("max_gen_toks", self.max_gen_toks))
+            temperature = float(opts.pop("temperature", 0.0) or 0.0)
+            if not opts.pop("do_sample", temperature > 0):
+                temperature = 0.0
+            ids = self.tok_encode(context)[-self.max_length:] or [self.prefix_token_id]
+            parsed.append((context, until, ids))
+            groups.setdefault((len(ids), max_new, temperature), []).append(i)
+        for (_, max_new, temperature), rows in groups.items():
+            for start in range(0, len(rows), self.batch_size):
+                chunk = rows[start:start + self.batch_size]
+                idx = torch.tensor([parsed[i][2] for i in chunk], device=self._device)
+                out = self.model.generate(idx, max_new, temperature=temperature, vocab_limit=self.vocab_limit,
+                                          **self.forward_kwargs)
+                for r, i in enumerate(chunk):
+                    text = self.tok_decode(out[r, idx.shape[1]:].tolist())
+                    for stop in parsed[i][1]:
+                        if stop and stop in text:
+                            text = text[:text.index(stop)]
+                    results[i] = text
+                    self.cache_hook.add_partial("generate_until", requests[i].args, text)
+        return results
+
+
+def run_tasks(lm: Any, tasks: list[str], include_path: str | None = None, limit: int | None = None,
+              num_fewshot: int | None = None, log_samples: bool = False,
+              include_defaults: bool = True, model_args: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``lm_eval.simple_evaluate`` of ``lm`` (our adapter, or any lm-eval model, or a model name
+    such as ``"hf"``) on ``tasks``; ``include_defaults=False`` skips indexing lm-eval's own
+    thousands of task files (seconds) when only ``include_path`` tasks are wanted.
+
+    Returns lm-eval's results dict (``"results"`` per task; ``"samples"`` with ``log_samples``).
+
+    Raises:
+        ValueError: a task lm-eval does not know (named).
+    """
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    if isinstance(lm, str):
+        import lm_eval.models  # noqa: F401  (registers lm-eval's own models: hf, ...)
+    manager = TaskManager(include_path=include_path, include_defaults=include_defaults)
+    unknown = [t for t in tasks if t not in manager.all_tasks]
+    if unknown:
+        raise ValueError(f"unknown lm-eval task {unknown[0]!r}")
+    return simple_evaluate(model=lm, model_args=model_args, tasks=list(tasks), task_manager=manager, limit=limit,
+                           num_fewshot=num_fewshot, log_samples=log_samples, bootstrap_iters=0, verbosity="ERROR")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """lm-eval's command line with the ``energyformer`` model registered."""
+    from lm_eval.__main__ import cli_evaluate
+
+    sys.argv = [sys.argv[0]] + list(sys.argv[1:] if argv is None else argv)
+    cli_evaluate()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""``energyformer eval RUN --tasks mmlu_dev,val_loss,...``: one JSON + Markdown report per run.
+
+Tasks:
+
+- ``mmlu_dev``: MMLU-format multiple choice on the dev questions lm-eval ships
+  (:mod:`energyformer.eval.mmlu`), through the lm-eval adapter; accuracy ± standard error with
+  the chance level beside it, per-subject accuracy in the JSON, and how many questions were
+  dropped (unparseable, or not writable in a character vocabulary).
+- ``val_loss``: the run's whole validation split (``val.bin`` of its data directory) in
+  consecutive windows of ``block_size`` tokens: loss (nats per token), perplexity, bits per token
+  (= per character for a character tokenizer) and bits per UTF-8 byte (tokenizer-independent;
+  :mod:`energyformer.eval.loss`).
+- any other name: an lm-eval task (it must find its data locally: most lm-eval tasks download
+  theirs and fail offline); ``include_path`` adds a folder of task YAMLs.
+"""
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from energyformer.eval.loss import bits_per_byte, bits_per_token, perplexity
+from energyformer.utils.io import atomic_write_json, atomic_write_text
+
+BUILTIN_TASKS = ("mmlu_dev", "val_loss")
+
+
+def parse_tasks(tasks: str | Sequence[str]) -> list[str]:
+    """``"a,b"`` or ``["a", "b"]`` → ``["a", "b"]``. Raises ``ValueError`` when empty."""
+    names = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks) for t in t.split(",")]
+    names = [t for t in names if t]
+    if not names:
+        raise ValueError(f"--tasks={tasks!r} names no task; expected e.g. mmlu_dev,val_loss")
+    return list(dict.fromkeys(names))
+
+
+def check_tasks(names: list[str], include_path: str | None = None) -> None:
+    """Refuse unknown task names before any model runs.
+
+    Raises:
+        ValueError: a name that is neither built in nor an lm-eval task (the message names it).
+    """
+    others = [n for n in names if n not in BUILTIN_TASKS]
+    if not others:
+        return
+    from lm_eval.tasks import TaskManager
+
+    known = set(TaskManager(include_path=include_path).all_tasks)
+    unknown = [n for n in others if n not in known]
+    if unknown:
+        raise ValueError(f"unknown task {unknown[0]!r}: expected {', '.join(BUILTIN_TASKS)} or an lm-eval task "
+                         f"name (`lm_eval ls tasks`; {len(known)} known)")
+
+
+@torch.no_grad()
+def val_loss(model: Any, data_dir: str | Path, tokenizer: Any, batch_size: int = 8,
+             max_tokens: int | None = None, device: str | torch.device = "cpu") -> dict[str, float]:
+    """Loss over the validation split in consecutive windows of ``block_size`` tokens.
+
+    Each window predicts its tokens from the ones before it in the window (the first token of a
+    window is context only), so every scored token has 1…``block_size`` tokens of context.
+
+    Returns:
+        ``{"loss", "perplexity", "bits_per_token", "bits_per_byte", "tokens", "bytes"}``.
+
+    Raises:
+        FileNotFoundError: no ``val.bin`` in ``data_dir``. ValueError: a split shorter than 2 tokens.
+    """
+    path = Path(data_dir) / "val.bin"
+    if not path.is_file():
+        raise FileNotFoundError(f"{str(path)!r} not found: val_loss needs the run's prepared data "
+                                f"(data directory {str(data_dir)!r})")
+    data = np.fromfile(path, dtype=np.uint16).astype(np.int64)
+    if max_tokens is not None:
+        data = data[:max_tokens + 1]
+    if len(data) < 2:
+        raise ValueError(f"{str(path)!r} holds {len(data)} tokens; val_loss needs at least 2")
+    block = model.config.block_size
+    starts = list(range(0, len(data) - 1, block))
+    total, count = 0.0, 0
+    for i in range(0, len(starts), batch_size):
+        chunk = [data[s:s + block + 1] for s in starts[i:i + batch_size]]
+        n = max(len(c) for c in chunk) - 1
+        x = torch.zeros(len(chunk), n, dtype=torch.long)
+        y = torch.full((len(chunk), n), -1, dtype=torch.long)
+        for r, c in enumerate(chunk):
+            x[r, :len(c) - 1], y[r, :len(c) - 1] = torch.from_numpy(c[:-1]), torch.from_numpy(c[1:])
+        logits = model(x.to(device))[0].float()
+        total += float(F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.to(device).reshape(-1),
+                                       ignore_index=-1, reduction="sum"))
+        count += int((y >= 0).sum())
+    loss = total / count
+    n_bytes = len(tokenizer.decode(data[1:].tolist()).encode("utf-8"))
+    return {"loss": loss, "perplexity": perplexity(loss), "bits_per_token": bits_per_token(loss),
+            "bits_per_byte": bits_per_byte(loss, count, n_bytes), "tokens": count, "bytes": n_bytes}
+
+
+def evaluate_run(run_dir: str | Path, tasks: str | Sequence[str] = BUILTIN_TASKS, out: str | Path | None = None,
+                 num_fewshot: int = 4, batch_size: int = 8, limit: int | None = None,
+                 include_path: str | None = None, device: str = "cpu", n_steps: int | None = None) -> dict[str, Any]:
+    """Evaluate a run on ``tasks``; write ``out`` (``.json``, and the Markdown table beside it as ``.md``).
+
+    Args:
+        run_dir: a run directory with a complete checkpoint.
+        tasks: comma-separated names (see the module docstring).
+        out: the JSON report path (default ``RUN_DIR/eval.json``; ``eval.md`` beside it).
+        num_fewshot: mmlu_dev shots (0–4) and lm-eval tasks' ``num_fewshot``.
+        batch_size: sequences per forward pass.
+        limit: at most this many questions per task (val_loss: this many windows of
+            ``block_size`` tokens); for quick checks.
+        include_path: a folder of extra lm-eval task YAMLs.
+        device: cpu, cuda, cuda:N, mps or auto.
+        n_steps: NRGPT / recurrent GPT: descent steps at evaluation (default: as trained).
+
+    Returns:
+        the report: ``{"run", "tasks": {name: results}}``.
+
+    Raises:
+        ValueError: an unknown task (before anything runs), an incomplete run, bad options.
+        FileNotFoundError: a missing run, data or lm-eval file.
+    """
+    from energyformer.data import load_tokenizer
+    from energyformer.eval import harness, mmlu
+    from energyformer.runs.checkpoint import find_checkpoint
+    from energyformer.runs.rundir import load_run
+    from energyformer.utils.device import resolve_device
+
+    names = parse_tasks(tasks)
+    check_tasks(names, include_path)
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run directory {str(run_dir)!r} does not exist")
+    if find_checkpoint(run_dir) is None:
+        raise ValueError(f"run {str(run_dir)!r} is incomplete: it holds no complete checkpoint yet")
+    report: dict[str, Any] = {"run": str(run_dir), "tasks": {}}
+    lm = harness.EnergyformerLM(run=str(run_dir), batch_size=batch_size, device=device, n_steps=n_steps)
+    for name in names:
+        if name == "val_loss":
+            _, run_cfg, meta = load_run(run_dir)
+            report["tasks"][name] = val_loss(lm.model, run_cfg.data.path, load_tokenizer(meta), batch_size,
+                                             None if limit is None else limit * lm.max_length,
+                                             resolve_device(device))
+        elif name == "mmlu_dev":
+            vocab = set(getattr(lm.tokenizer, "chars", ())) or None
+            with tempfile.TemporaryDirectory() as tmp:
+                built = mmlu.build_task(tmp, vocab=vocab, num_fewshot=num_fewshot)
+                res = harness.run_tasks(lm, [mmlu.TASK_NAME], include_path=tmp, limit=limit, log_samples=True,
+                                        include_defaults=False)
+            samples = [{"subject": s["doc"]["subject"], "correct": bool(s["acc"])}
+                       for s in res["samples"][mmlu.TASK_NAME]]
+            report["tasks"][name] = {**mmlu.accuracy_table(samples), **{k: built[k] for k in (
+                "n_parse_skipped", "n_oov_skipped", "num_fewshot")}}
+        else:
+            res = harness.run_tasks(lm, [name], include_path=include_path, limit=limit, num_fewshot=num_fewshot)
+            report["tasks"][name] = res["results"][name]
+    out = Path(out) if out is not None else run_dir / "eval.json"
+    atomic_write_json(out, report)
+    atomic_write_text(out.with_suffix(".md"), format_report(report) + "\n")
+    return report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The report as Markdown: one row per metric (per-subject accuracy stays in the JSON)."""
+    def num(x: Any) -> str:
+        return f"{x:.4f}" if isinstance(x, float) and math.isfinite(x) else str(x)
+
+    lines = [f"**{report['run']}**", "", "| task | metric | value | ± stderr | chance | n |", "|---|---|---|---|---|---|"]
+    for name, res in report["tasks"].items():
+        if name == "mmlu_dev":
+            lines.append(f"| mmlu_dev ({res['num_fewshot']}-shot) | acc | {num(res['acc'])} | {num(res['acc_stderr'])} "
+                         f"| {res['chance']} | {res['n']} (skipped: {res['n_parse_skipped']} unparsed, "
+                         f"{res['n_oov_skipped']} out of vocabulary) |")
+        elif name == "val_loss":
+            for key in ("loss", "perplexity", "bits_per_token", "bits_per_byte"):
+                lines.append(f"| val_loss | {key} | {num(res[key])} | | | {res['tokens']} tokens |")
+        else:
+            for key, value in res.items():
+                if key.endswith("_stderr,none") or key == "alias" or not isinstance(value, (int, float)):
+                    continue
+                err = res.get(key.replace(",", "_stderr,", 1), "")
+                lines.append(f"| {name} | {key.split(',')[0]} | {num(value)} | {num(err)} | | |")
+    return "\n".join(lines)

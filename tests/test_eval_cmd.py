@@ -1,0 +1,118 @@
+"""`energyformer eval`: the MMLU-format dev questions (energyformer.eval.mmlu), val_loss and the
+JSON + Markdown report (energyformer.eval.suite). Offline (HF_HUB_OFFLINE=1)."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("lm_eval")
+
+from energyformer.cli import main  # noqa: E402
+from energyformer.data import CharTokenizer  # noqa: E402
+from energyformer.eval import mmlu  # noqa: E402
+from energyformer.eval.suite import val_loss  # noqa: E402
+from energyformer.runs.rundir import load_run  # noqa: E402
+from run_helpers import CHARS, make_data, make_run  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def questions():
+    return mmlu.dev_questions()
+
+
+def test_dev_questions_parse(questions):
+    qs, skipped = questions
+    assert len(qs) >= 270 and skipped < 15
+    assert len({q.subject for q in qs}) == 57
+    assert all(len(q.choices) == 4 and 0 <= q.answer < 4 and q.question for q in qs)
+    assert not any("\n(A) " in q.question or "\x0c" in q.question for q in qs)
+
+
+def test_prompt_is_lm_evals_mmlu_format_and_shots_never_hold_the_question(questions):
+    qs, _ = questions
+    docs = mmlu.build_docs(qs)
+    for q, d in zip(qs, docs):
+        same = [s for s in qs if s.subject == q.subject and s != q]
+        assert d["n_shots"] == min(4, len(same)) and d["subject"] == q.subject
+        body = d["prompt"].split("\n\n")
+        assert body[0] == f"The following are multiple choice questions (with answers) about " \
+                          f"{q.subject.replace('_', ' ')}."
+        assert d["prompt"].endswith(mmlu.question_text(q))
+        assert d["prompt"].count(q.question) == 1  # the question only as the question, never as a shot
+    q = qs[0]
+    assert mmlu.question_text(q) == (f"{q.question}\nA. {q.choices[0]}\nB. {q.choices[1]}\nC. {q.choices[2]}\n"
+                                     f"D. {q.choices[3]}\nAnswer:")
+    shot = qs[1]
+    assert f"{mmlu.question_text(shot)} {'ABCD'[shot.answer]}\n\n" in docs[0]["prompt"]
+    with pytest.raises(ValueError, match="num_fewshot=5"):
+        mmlu.build_docs(qs, num_fewshot=5)
+
+
+def test_char_vocab_drops_and_counts_questions_it_cannot_spell(questions):
+    qs, _ = questions
+    kept, dropped = mmlu.select(qs, set(CHARS))
+    assert kept and dropped and len(kept) + dropped == len(qs)
+    assert all(set(q.question + "".join(q.choices)) <= set(CHARS) for q in kept)
+    assert all(c in "".join(d["prompt"] for d in mmlu.build_docs(kept)) for c in "ABCD")
+    assert mmlu.select(qs, None) == (qs, 0)
+    with pytest.raises(ValueError, match="none of the"):
+        mmlu.build_task("/tmp/unused", vocab=set("abc"))
+
+
+def test_accuracy_table():
+    rows = [{"subject": "a", "correct": True}, {"subject": "a", "correct": False},
+            {"subject": "b", "correct": True}, {"subject": "b", "correct": True}]
+    t = mmlu.accuracy_table(rows)
+    assert t["acc"] == 0.75 and t["chance"] == 0.25 and t["n"] == 4
+    assert t["acc_stderr"] == pytest.approx(math.sqrt(0.75 * 0.25 / 3))
+    assert t["subjects"]["a"]["acc"] == 0.5 and t["subjects"]["b"]["n"] == 2
+
+
+def test_val_loss_equals_cross_entropy_by_hand(tmp_path):
+    data = make_data(tmp_path / "data")
+    run = make_run(tmp_path / "run", {"arch": "gpt"}, data_dir=data)
+    model = load_run(run)[0]
+    got = val_loss(model, data, CharTokenizer(CHARS), batch_size=3)
+    ids = torch.from_numpy(np.fromfile(data / "val.bin", dtype=np.uint16).astype(np.int64))
+    total, n = 0.0, 0
+    with torch.no_grad():
+        for s in range(0, len(ids) - 1, 32):
+            w = ids[s:s + 33]
+            total += float(F.cross_entropy(model(w[None, :-1])[0][0], w[1:], reduction="sum"))
+            n += len(w) - 1
+    assert got["tokens"] == n == len(ids) - 1
+    assert got["loss"] == pytest.approx(total / n, rel=1e-5)
+    assert got["perplexity"] == pytest.approx(math.exp(total / n), rel=1e-5)
+    assert got["bits_per_byte"] == pytest.approx(got["bits_per_token"])  # one ASCII byte per character
+
+
+def test_eval_command_writes_json_and_markdown(tmp_path, capsys):
+    data = make_data(tmp_path / "data")
+    run = make_run(tmp_path / "run", {"arch": "nrgpt"}, data_dir=data)
+    assert main(["eval", str(run), "--tasks", "mmlu_dev,val_loss", "--limit", "12",
+                 "--out", str(tmp_path / "r" / "report.json")]) == 0
+    shown = capsys.readouterr().out
+    assert "| mmlu_dev (4-shot) | acc |" in shown and "| 0.25 |" in shown and "bits_per_byte" in shown
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    m = report["tasks"]["mmlu_dev"]
+    assert m["n"] == 12 and m["chance"] == 0.25 and m["n_oov_skipped"] > 0 and m["subjects"]
+    assert sum(s["n"] for s in m["subjects"].values()) == 12
+    assert report["tasks"]["val_loss"]["tokens"] > 0
+    assert (tmp_path / "r" / "report.md").read_text().strip() == shown.strip()
+
+
+def test_eval_bad_input_is_one_line_error(tmp_path, capsys):
+    run = make_run(tmp_path / "run", {"arch": "gpt"})
+    assert main(["eval", str(run), "--tasks", "val_loss,no_such_task_xyz"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "unknown task 'no_such_task_xyz'" in err and "\n" not in err
+    incomplete = make_run(tmp_path / "inc", {"arch": "gpt"}, complete=False)
+    assert main(["eval", str(incomplete), "--tasks", "val_loss"]) == 2
+    assert "is incomplete" in capsys.readouterr().err
+    assert main(["eval", str(run), "--tasks", "mmlu_dev", "--num_fewshot", "5"]) == 2
+    assert "num_fewshot=5" in capsys.readouterr().err
