@@ -62,8 +62,9 @@ def identity_change(recorded: Mapping[str, Any], current: Mapping[str, Any],
     """
     changes = []
     if any(k in recorded and k in current and recorded[k] != current[k] for k in VOCAB_KEYS):
-        what = (f"the vocabulary changed ({recorded.get('tokenizer')} tokenizer, {recorded.get('vocab_size')} "
-                f"→ {current.get('tokenizer')} tokenizer, {current.get('vocab_size')} tokens")
+        a, b = recorded.get("tokenizer"), current.get("tokenizer")
+        kinds = f"{a} tokenizer: " if a == b else f"{a} tokenizer → {b} tokenizer, "
+        what = f"the vocabulary changed ({kinds}{recorded.get('vocab_size')} → {current.get('vocab_size')} tokens"
         old, new = (recorded_meta or {}).get("chars"), (current_meta or {}).get("chars")
         if isinstance(old, list) and isinstance(new, list):
             added, removed = sorted(set(new) - set(old)), sorted(set(old) - set(new))

@@ -200,8 +200,11 @@ def clean_orphans(run_dir: str | Path) -> list[str]:
     root = run_dir / CHECKPOINTS_DIR
     if root.is_dir():
         keep = run_dir / marker["dir"] if marker and marker.get("dir") else None
+        # without a readable marker a step folder may be the only copy of trained weights
+        # (the marker deleted by hand): only temporary folders go then
+        known = marker is not None or _read_marker(run_dir) is not None
         for path in root.iterdir():
-            if path != keep:
+            if path != keep and (known or path.name.startswith(_TMP_PREFIX)):
                 if path.is_dir():
                     shutil.rmtree(path, ignore_errors=True)
                 else:
@@ -213,17 +216,32 @@ def clean_orphans(run_dir: str | Path) -> list[str]:
 
 
 def delete_checkpoint(run_dir: str | Path) -> None:
-    """Remove every checkpoint file of ``run_dir`` (a fresh start): the marker first."""
+    """Remove every checkpoint file of ``run_dir`` (a fresh start): the marker first.
+
+    Then an empty marker (``"step": null``) is written: it says that any step folder found
+    later without a committed marker is an interrupted save of this run, safe to remove.
+    """
     run_dir = Path(run_dir)
     for name in CHECKPOINT_FILES:
         (run_dir / name).unlink(missing_ok=True)
     shutil.rmtree(run_dir / CHECKPOINTS_DIR, ignore_errors=True)
+    atomic_write_json(run_dir / MARKER_FILE, {"format_version": FORMAT_VERSION, "step": None, "files": []})
+
+
+def _read_marker(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        marker = json.loads((run_dir / MARKER_FILE).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return marker if isinstance(marker, dict) else None
 
 
 def has_checkpoint_files(run_dir: str | Path) -> list[str]:
-    """Names of checkpoint files or folders present in ``run_dir`` (complete or not)."""
+    """Names of checkpoint files or folders present in ``run_dir`` (complete or not; the empty
+    marker of a run that has not committed a checkpoint yet does not count)."""
     run_dir = Path(run_dir)
-    found = [n for n in CHECKPOINT_FILES if (run_dir / n).exists()]
+    empty = (_read_marker(run_dir) or {}).get("step", 0) is None
+    found = [n for n in CHECKPOINT_FILES if (run_dir / n).exists() and not (n == MARKER_FILE and empty)]
     root = run_dir / CHECKPOINTS_DIR
     if root.is_dir() and any(root.iterdir()):
         found.append(CHECKPOINTS_DIR + "/")

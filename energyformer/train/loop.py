@@ -399,15 +399,11 @@ def _resume_dir(tc: TrainConfig, out_dir: Path) -> Path | None:
 
 
 def _check_resumable(run_dir: Path, run_cfg: RunConfig, identity: dict[str, Any], meta: dict[str, Any]) -> RunConfig:
-    """The saved run config, after checking that the model and the data are the run's."""
+    """The saved run config, after checking that the data (first: a changed vocabulary changes
+    the model's vocab_size too) and the model are the run's."""
     from energyformer.data import identity_change, vocab_identity
 
     saved = rundir.read_run_config(run_dir)
-    if saved.model != run_cfg.model:
-        a, b = saved.model.to_dict(), run_cfg.model.to_dict()
-        diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
-        raise ValueError(f"{str(run_dir)!r} holds a checkpoint of a different model (saved vs now: {diff}); "
-                         "use --train.resume never to start over or choose another --train.out_dir")
     marker = ckpt.find_checkpoint(run_dir) or {}
     saved_meta = rundir.read_run_meta(run_dir) if (run_dir / rundir.META_FILE).is_file() else None
     recorded = marker.get("data") or (vocab_identity(saved_meta) if saved_meta else None)
@@ -417,6 +413,11 @@ def _check_resumable(run_dir: Path, run_cfg: RunConfig, identity: dict[str, Any]
             raise ValueError(f"the data in {str(run_cfg.data.path)!r} differ from the data run {str(run_dir)!r} "
                              f"was trained on: {change}; resume on the same data, or use --train.resume never "
                              "to start over or another --train.out_dir")
+    if saved.model != run_cfg.model:
+        a, b = saved.model.to_dict(), run_cfg.model.to_dict()
+        diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+        raise ValueError(f"{str(run_dir)!r} holds a checkpoint of a different model (saved vs now: {diff}); "
+                         "use --train.resume never to start over or choose another --train.out_dir")
     return saved
 
 
