@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import re
 import sys
 import traceback
@@ -247,9 +248,12 @@ def compare(run_dirs: Sequence[str], out: str | None = None, plot: str | None = 
 
     Raises:
         FileNotFoundError / ValueError: a run without a readable summary.json.
+        ModuleNotFoundError: ``plot`` without matplotlib (``pip install 'energyformer[viz]'``).
     """
     from energyformer.eval.compare import compare_runs, format_markdown, plot_curves
 
+    if plot is not None:  # a missing matplotlib fails before anything is written
+        import matplotlib  # noqa: F401
     rows = compare_runs(run_dirs)
     table = format_markdown(rows)
     if out is not None:
@@ -470,17 +474,40 @@ def parse_command_line(argv: Sequence[str]) -> tuple[str, dict[str, Any]]:
     return ns.command, ns[ns.command].as_dict()
 
 
+# optional packages → the extra that installs them (named in the error when one is missing)
+OPTIONAL_PACKAGES = {"matplotlib": "viz", "tensorboard": "viz", "transformers": "hf", "tokenizers": "hf",
+                     "lm_eval": "eval"}
+EXIT_BROKEN_PIPE = 141  # what a shell reports for a process ended by SIGPIPE (`... | head`)
+
+
+def error_line(e: BaseException) -> str:
+    """One line for a user-facing error: OS errors as ``what: 'file'`` (no errno prefix)."""
+    if isinstance(e, ModuleNotFoundError):
+        top = (e.name or "").split(".")[0]
+        extra = OPTIONAL_PACKAGES.get(top)
+        hint = f"pip install 'energyformer[{extra}]'" if extra else f"pip install {top}"
+        return f"this needs the optional package {top!r}, which is not installed; {hint}"
+    if isinstance(e, OSError) and e.strerror:
+        where = f": {e.filename!r}" if e.filename else ""
+        return " ".join(f"{e.strerror}{where}".split())
+    return " ".join(str(e).split())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``energyformer`` / ``python -m energyformer``; returns the exit status."""
+    """Entry point of ``energyformer`` / ``python -m energyformer``; returns the exit status.
+
+    Exit status: 0 success; 2 a user error (bad input, a missing file or optional package, an
+    operating-system error such as a full disk), printed as one line ``error: ...``; 3 a
+    diverged training run; 130 interrupted; 141 output closed early (``| head``), quietly.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
-    user_errors: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, NotADirectoryError,
-                                                    IsADirectoryError, FileExistsError, PermissionError)
+    user_errors: tuple[type[BaseException], ...] = (ValueError, OSError)
 
     def fail(e: BaseException, code: int = EXIT_USER_ERROR) -> int:
         if debug:
             traceback.print_exc()
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        print(f"error: {error_line(e)}", file=sys.stderr)
         return code
 
     with warnings.catch_warnings():
