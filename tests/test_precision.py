@@ -16,7 +16,7 @@ FAMILIES = {
 
 
 def test_every_family_is_listed():
-    assert set(FAMILIES) == set(ARCHS)
+    assert set(FAMILIES) == set(ARCHS) - {"regressor"}  # continuous inputs: not a token model
 
 
 @pytest.mark.parametrize("arch", sorted(FAMILIES))
