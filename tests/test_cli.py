@@ -1,5 +1,8 @@
 """`energyformer` command line: prepare/train/sample/info in-process, error messages and exit codes."""
 import json
+import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -236,8 +239,8 @@ def readme_command_lines():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     lines = []
     for block in re.findall(r"```(?:bash)?\n(.*?)```", text, re.S):
-        for line in block.splitlines():
-            line = re.sub(r"^(\.venv/bin/|python -m )", "", line.strip())
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"^(\.venv/bin/|python -m |torchrun .*?-m )", "", line.strip())
             if line.startswith("energyformer "):
                 line = line.split("  #")[0].replace("[", "").replace("]", "")
                 lines.append(shlex.split(line)[1:])
@@ -266,3 +269,49 @@ def test_every_readme_command_line_parses(argv, capsys):
         from energyformer.runs.config import load_config
 
         load_config(ROOT / kwargs["recipe"], kwargs["overrides"], resolve_vocab=True, default_vocab_size=65)
+
+
+def readme_shell_commands():
+    """The README's runnable command lines, in order (placeholders and torchrun left out)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("  #")[0].strip()
+            if not line or line.startswith(("#", "torchrun", "make")) or re.search(r"\b(FILE|DIR|HOST|RECIPE)\b", line):
+                continue
+            out.append(line)
+    return out
+
+
+def test_readme_commands_are_in_order():
+    """Every run a README command reads was made by an earlier command (the fast check)."""
+    made = set()
+    for line in readme_shell_commands():
+        argv = shlex.split(re.sub(r"^(\.venv/bin/|python -m )", "", line))
+        if argv[:2] == ["energyformer", "train"]:
+            out = next((argv[i + 1] for i, a in enumerate(argv) if a == "--train.out_dir"),
+                       "out/" + Path(argv[2]).stem)
+            overrides = [a for a in argv[3:] if a.startswith("--model.")]
+            assert not (out in made and overrides), f"{line!r} trains another model into {out}, which exists"
+            made.add(out)
+        elif argv[:2] in (["energyformer", "sample"], ["energyformer", "compare"]):
+            for run in [a for a in argv[2:] if a.startswith("out/")]:
+                assert run in made, f"{line!r} reads {run}, which no earlier command made"
+
+
+@pytest.mark.slow
+def test_readme_commands_run_in_order_on_a_fresh_clone(tmp_path):
+    """Clone the repository, then run every README command line in order (full-length training)."""
+    import subprocess
+    import sys
+
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    env = {**os.environ, "PYTHONPATH": str(clone), "HF_HUB_OFFLINE": "1"}
+    for line in readme_shell_commands():
+        cmd = re.sub(r"^(\.venv/bin/energyformer|energyformer|python -m energyformer)\b",
+                     f"{shlex.quote(sys.executable)} -m energyformer", line)
+        res = subprocess.run(cmd, shell=True, executable="/bin/bash", cwd=clone, env=env, input="ROMEO:\n",
+                             capture_output=True, text=True, timeout=3600)
+        assert res.returncode == 0, f"{line!r} failed: {res.stderr[-2000:]}"
