@@ -309,3 +309,53 @@ def test_non_finite_weights_are_never_checkpointed(data_dir, tmp_path, monkeypat
     assert find_checkpoint(out)["step"] == 4
     model, _, _ = load_run(out)
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_resume_keeps_the_runs_schedule_and_says_what_changed(data_dir, tmp_path, capsys):
+    """Raising max_steps on resume keeps lr_decay_steps (no LR jump) unless given explicitly."""
+    out = tmp_path / "run"
+    train(tiny_cfg(data_dir, out, max_steps=6, eval_interval=3), progress=None)
+    capsys.readouterr()
+    train(tiny_cfg(data_dir, out, max_steps=10, eval_interval=3), progress=None)
+    said = capsys.readouterr().out
+    assert "train.max_steps 6 → 10" in said and "kept the run's train.lr_decay_steps=6" in said
+    lrs = {r["step"]: r["lr"] for r in read_metrics(out)}
+    min_lr = 3e-3 / 10
+    assert lrs[7] == pytest.approx(min_lr) and lrs[10] == pytest.approx(min_lr)  # no jump back up
+    # given explicitly, the new value wins (and is said)
+    cfg = load_config({"model": dict(arch="gpt", d_model=32, n_layers=2, n_heads=2, block_size=16),
+                       "data": {"data_dir": str(data_dir)},
+                       "train": dict(out_dir=str(out), max_steps=12, batch_size=8, eval_interval=3, eval_iters=2,
+                                     log_interval=1, warmup_steps=3, learning_rate=3e-3, device="cpu",
+                                     lr_decay_steps=12)}, resolve_vocab=True)
+    train(cfg, progress=None)
+    said = capsys.readouterr().out
+    assert "train.lr_decay_steps 6 → 12" in said
+    assert read_metrics(out)[-1]["lr"] > min_lr
+
+
+def test_a_no_op_run_keeps_a_truthful_summary(data_dir, tmp_path):
+    out = tmp_path / "run"
+    first = train(tiny_cfg(data_dir, out, max_steps=4), progress=False)
+    before = (out / "summary.json").read_bytes()
+    again = train(tiny_cfg(data_dir, out, max_steps=4), progress=False)
+    assert (out / "summary.json").read_bytes() == before  # not overwritten with 0 tokens/s
+    assert again["steps_this_run"] == 0 and again["tokens_per_s"] == first["tokens_per_s"]
+    # a resumed run reports speed and time over all its segments
+    resumed = train(tiny_cfg(data_dir, out, max_steps=6), progress=False)
+    assert resumed["steps_this_run"] == 2 and resumed["minutes"] > first["minutes"]
+    assert resumed["tokens_per_s"] > 0
+
+
+def test_data_identity_is_recorded_and_checked(data_dir, tmp_path):
+    import shutil
+    from energyformer.data import data_identity
+    data = tmp_path / "data"
+    shutil.copytree(data_dir, data)
+    out = tmp_path / "run"
+    train(tiny_cfg(data, out, max_steps=2), progress=False)
+    assert find_checkpoint(out)["data"] == data_identity(data)
+    make_data_dir(data, seed=3)  # same characters, other text
+    with pytest.raises(ValueError, match=r"differ from the data run .*: train\.bin changed"):
+        train(tiny_cfg(data, out, max_steps=4), progress=False)
+    assert find_checkpoint(out)["step"] == 2  # nothing lost
