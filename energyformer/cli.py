@@ -526,15 +526,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         from energyformer.train.loop import TrainingDivergedError
 
         fn, show = COMMANDS[name]
+        if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 prints the result
+            show = None
         try:
             result = fn(**kwargs)
+            if show is not None and result is not None:
+                print(show(result), flush=True)
         except TrainingDivergedError as e:
             return fail(e, EXIT_DIVERGED)
+        except BrokenPipeError:  # the reader went away: stop quietly, no traceback at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_BROKEN_PIPE
+        except ModuleNotFoundError as e:
+            if (e.name or "").split(".")[0] == "energyformer":
+                raise
+            return fail(e)
         except user_errors + (DataPreparationError,) as e:
             return fail(e)
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             return 130
-        if show is not None and result is not None:
-            print(show(result))
         return 0
