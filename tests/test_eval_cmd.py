@@ -60,8 +60,14 @@ def test_char_vocab_drops_and_counts_questions_it_cannot_spell(questions):
     assert all(set(q.question + "".join(q.choices)) <= set(CHARS) for q in kept)
     assert all(c in "".join(d["prompt"] for d in mmlu.build_docs(kept)) for c in "ABCD")
     assert mmlu.select(qs, None) == (qs, 0)
-    with pytest.raises(ValueError, match="none of the"):
-        mmlu.build_task("/tmp/unused", vocab=set("abc"))
+    with pytest.raises(ValueError, match="lacks .*needed by the MMLU answer format"):
+        mmlu.select(qs, set("abc"))
+    # a vocabulary without parentheses (Shakespeare's): the subject line loses them, nothing else
+    no_parens = set(CHARS) - set("()")
+    kept, _ = mmlu.select(qs, no_parens)
+    first = mmlu.build_docs(kept, vocab=no_parens)[0]["prompt"]
+    assert first.startswith("The following are multiple choice questions with answers about ")
+    assert set(first) <= no_parens
 
 
 def test_accuracy_table():

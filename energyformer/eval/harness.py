@@ -3,8 +3,9 @@
 
 ::
 
-    python -m energyformer.eval.harness --model energyformer --model_args run=out/nrgpt --tasks mmlu_dev \\
-        --include_path DIR          # lm-eval's own command line, with this adapter registered
+    python -m energyformer.eval.mmlu tasks/ out/nrgpt   # write the mmlu_dev task (energyformer.eval.mmlu)
+    python -m energyformer.eval.harness --model energyformer --model_args run=out/nrgpt --batch_size 16 \\
+        --tasks mmlu_dev --include_path tasks/   # lm-eval's own command line, with this adapter registered
     energyformer eval out/nrgpt --tasks mmlu_dev,val_loss   # the report (energyformer.eval.suite)
 
 (lm-eval's ``lm_eval`` executable has no plugin mechanism, so it cannot see a model registered
@@ -27,6 +28,7 @@ Choices lm-eval leaves to the model (as its ``hf`` model does, :class:`lm_eval.m
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Any
 
 import torch
@@ -65,6 +67,10 @@ class EnergyformerLM(TemplateLM):
         super().__init__()
         from energyformer.utils.device import resolve_device
 
+        if str(device).startswith("cuda") and not torch.cuda.is_available():
+            # lm-eval's command line defaults to cuda; its hf model falls back to the CPU too
+            warnings.warn(f"device={device!r} is not available; evaluating on cpu")
+            device = "cpu"
         self._device = resolve_device(str(device))
         self.model, self.run_config, meta = load_run(run, device=self._device)
         self.tokenizer = load_tokenizer(meta)

@@ -15,9 +15,12 @@ subject and never include the question itself; a subject has only 5 dev question
 question gets at most 4 shots (``num_fewshot`` ≤ 4, default 4: "5-shot" is not possible
 from the dev set alone without showing a question its own answer).
 
-Character-level vocabularies cannot spell every MMLU question (digits, ``$``, ``%``, Greek…):
-with ``vocab`` given, a question with a character outside it is dropped (as a question and as
-a shot) and counted in the report; no character is mapped to another.
+Character-level vocabularies cannot spell every MMLU question (``$``, ``%``, ``(``, Greek…):
+with ``vocab`` given, a question whose question or choices hold a character outside it is
+dropped (as a question and as a shot) and counted in the report; no character is mapped to
+another. The fixed subject line is lm-eval's, less its characters outside ``vocab`` (the
+Shakespeare vocabulary has no parentheses: "…questions with answers about…"); those removed
+characters are reported too.
 
 This module reads files only; the lm-eval run is in :mod:`energyformer.eval.harness`.
 """
@@ -96,24 +99,36 @@ def question_text(q: Question) -> str:
     return q.question + "".join(f"\n{letter}. {c}" for letter, c in zip(LETTERS, q.choices)) + "\nAnswer:"
 
 
-def prompt(q: Question, shots: Iterable[Question]) -> str:
+def subject_line(subject: str, vocab: set[str] | None = None) -> str:
+    """lm-eval's MMLU description, without the characters outside ``vocab`` (if given)."""
+    text = f"The following are multiple choice questions (with answers) about {subject.replace('_', ' ')}.\n\n"
+    return text if vocab is None else "".join(c for c in text if c in vocab)
+
+
+def prompt(q: Question, shots: Iterable[Question], vocab: set[str] | None = None) -> str:
     """lm-eval's MMLU few-shot context: the subject line, each shot with its answer, then ``q``."""
-    head = f"The following are multiple choice questions (with answers) about {q.subject.replace('_', ' ')}.\n\n"
-    return head + "".join(f"{question_text(s)} {LETTERS[s.answer]}\n\n" for s in shots) + question_text(q)
+    return (subject_line(q.subject, vocab) + "".join(f"{question_text(s)} {LETTERS[s.answer]}\n\n" for s in shots)
+            + question_text(q))
 
 
 def select(questions: list[Question], vocab: set[str] | None) -> tuple[list[Question], int]:
-    """``(kept, n_dropped)``: the questions whose every character (question, choices, the answer
-    letters and the prompt's fixed text) is in ``vocab``; all of them when ``vocab`` is None."""
+    """``(kept, n_dropped)``: the questions whose question and choices are spelled in ``vocab``;
+    all of them when ``vocab`` is None.
+
+    Raises:
+        ValueError: ``vocab`` lacks a character of the answer format (``A``–``D``, ``.``, ``:``,
+            space, newline, ``Answer``).
+    """
     if vocab is None:
         return list(questions), 0
-    fixed = set(prompt(Question("x", "", ("", "", "", ""), 0), []) + "ABCD .\n")
-    kept = [q for q in questions
-            if set(q.question + q.subject.replace("_", " ") + "".join(q.choices)) | fixed <= vocab]
+    missing = sorted(set(question_text(Question("x", "", ("", "", "", ""), 0)) + " ABCD") - vocab)
+    if missing:
+        raise ValueError(f"the model's vocabulary lacks {''.join(missing)!r}, needed by the MMLU answer format")
+    kept = [q for q in questions if set(q.question + "".join(q.choices)) <= vocab]
     return kept, len(questions) - len(kept)
 
 
-def build_docs(questions: list[Question], num_fewshot: int = MAX_FEWSHOT) -> list[dict]:
+def build_docs(questions: list[Question], num_fewshot: int = MAX_FEWSHOT, vocab: set[str] | None = None) -> list[dict]:
     """One lm-eval doc per question: ``prompt`` (with the first ``num_fewshot`` other questions of
     its subject as shots, in file order), ``answer`` (0–3), ``subject``, ``n_shots``.
 
@@ -126,7 +141,8 @@ def build_docs(questions: list[Question], num_fewshot: int = MAX_FEWSHOT) -> lis
     docs = []
     for q in questions:
         shots = [s for s in questions if s.subject == q.subject and s != q][:num_fewshot]
-        docs.append({"prompt": prompt(q, shots), "answer": q.answer, "subject": q.subject, "n_shots": len(shots)})
+        docs.append({"prompt": prompt(q, shots, vocab), "answer": q.answer, "subject": q.subject,
+                     "n_shots": len(shots)})
     return docs
 
 
@@ -157,7 +173,7 @@ def build_task(out_dir: str | Path, vocab: set[str] | None = None, num_fewshot: 
 
     Returns:
         ``{"task": "mmlu_dev", "include_path": out_dir, "n_questions", "n_parse_skipped",
-        "n_oov_skipped", "num_fewshot"}``.
+        "n_oov_skipped", "num_fewshot", "subject_line_chars_removed"}``.
 
     Raises:
         FileNotFoundError: lm-eval's file is missing. ValueError: bad ``num_fewshot``, or no
@@ -168,15 +184,17 @@ def build_task(out_dir: str | Path, vocab: set[str] | None = None, num_fewshot: 
     if not kept:
         raise ValueError(f"none of the {len(questions)} MMLU dev questions can be written with the model's "
                          f"{len(vocab or ())} characters")
-    docs = build_docs(kept, num_fewshot)
+    docs = build_docs(kept, num_fewshot, vocab)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     data = out_dir / f"{TASK_NAME}.jsonl"
     data.write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
     (out_dir / f"{TASK_NAME}.yaml").write_text(TASK_YAML.format(task=TASK_NAME, data=json.dumps(str(data.resolve()))),
                                                encoding="utf-8")
+    removed = sorted({c for q in kept for c in subject_line(q.subject)} - set(vocab)) if vocab else []
     return {"task": TASK_NAME, "include_path": str(out_dir), "n_questions": len(docs),
-            "n_parse_skipped": parse_skipped, "n_oov_skipped": oov, "num_fewshot": num_fewshot}
+            "n_parse_skipped": parse_skipped, "n_oov_skipped": oov, "num_fewshot": num_fewshot,
+            "subject_line_chars_removed": "".join(removed)}
 
 
 def accuracy_table(samples: list[dict]) -> dict:
@@ -196,3 +214,27 @@ def accuracy_table(samples: list[dict]) -> dict:
             "subjects": {sub: summary([s["correct"] for s in samples if s["subject"] == sub]) for sub in subjects}}
 
 
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m energyformer.eval.mmlu DIR [RUN_DIR] [NUM_FEWSHOT]``: write the ``mmlu_dev``
+    task into DIR (for lm-eval's ``--include_path DIR``), spelled in RUN_DIR's character vocabulary
+    if given."""
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not 1 <= len(args) <= 3:
+        print("usage: python -m energyformer.eval.mmlu DIR [RUN_DIR] [NUM_FEWSHOT]", file=sys.stderr)
+        return 2
+    vocab = None
+    if len(args) > 1:
+        from energyformer.runs.rundir import read_run_meta
+
+        vocab = set(read_run_meta(args[1]).get("chars") or ()) or None
+    info = build_task(args[0], vocab=vocab, num_fewshot=int(args[2]) if len(args) > 2 else MAX_FEWSHOT)
+    print(json.dumps(info))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -155,7 +155,7 @@ def evaluate_run(run_dir: str | Path, tasks: str | Sequence[str] = BUILTIN_TASKS
             samples = [{"subject": s["doc"]["subject"], "correct": bool(s["acc"])}
                        for s in res["samples"][mmlu.TASK_NAME]]
             report["tasks"][name] = {**mmlu.accuracy_table(samples), **{k: built[k] for k in (
-                "n_parse_skipped", "n_oov_skipped", "num_fewshot")}}
+                "n_parse_skipped", "n_oov_skipped", "num_fewshot", "subject_line_chars_removed")}}
         else:
             res = harness.run_tasks(lm, [name], include_path=include_path, limit=limit, num_fewshot=num_fewshot)
             report["tasks"][name] = res["results"][name]
