@@ -179,7 +179,7 @@ CLI_CASES = [
      r"meta\.json found for run .* does not match the data it was trained on: the vocabulary changed"),
     # --- other commands ---
     ("info-recipe-missing", lambda c: ["info", str(c.root / "nope.yaml")], r"config file .*nope\.yaml' does not exist"),
-    ("compare-run-missing", lambda c: ["compare", str(c.root / "norun")], r"summary\.json' not found"),
+    ("compare-run-missing", lambda c: ["compare", str(c.root / "norun")], r"summary\.json'? not found"),
     ("compare-plot-without-matplotlib", _no_matplotlib, r"needs the optional package 'matplotlib', which is not installed; pip install 'energyformer\[viz\]'"),
     ("prepare-unknown-dataset", lambda c: ["prepare", "tinystories", "--out_root", str(c.root / "d")], r"tinystories"),
     ("prepare-text-without-input", lambda c: ["prepare", "text"], r"prepare text needs --input FILE"),

@@ -7,10 +7,11 @@ directory's copy of it is read through ``energyformer.runs``.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
+
+from energyformer.utils.io import read_json_object
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
@@ -42,15 +43,8 @@ def load_meta(data_dir: str | Path) -> dict:
     """
     data_dir = Path(data_dir)
     path = data_dir / META_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: the dataset is not prepared; {prepare_hint(data_dir)}")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path} is corrupt (not valid JSON: {exc}); rerun the prepare command "
-                         f"with --force ({prepare_hint(data_dir)})") from exc
-    if not isinstance(meta, dict):
-        raise ValueError(f"{path} is corrupt: expected a JSON object, got {type(meta).__name__}")
+    meta = read_json_object(path, missing=f"the dataset is not prepared; {prepare_hint(data_dir)}",
+                            corrupt=f"rerun the prepare command with --force ({prepare_hint(data_dir)})")
     missing = [k for k in REQUIRED_META_KEYS if k not in meta]
     if missing:
         raise ValueError(f"{path} lacks required keys {missing}; rerun the prepare command with --force")

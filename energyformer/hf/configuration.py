@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from transformers import PretrainedConfig
 
 from energyformer.models.base import ModelConfig
-from energyformer.models.registry import ARCHS, config_from_dict
+from energyformer.models.registry import LANGUAGE_MODELS, config_from_dict
 
 #: Hugging Face attribute names derived from the energyformer model config (never read back)
 DERIVED_KEYS = ("vocab_size", "max_position_embeddings", "hidden_size", "num_attention_heads",
@@ -83,8 +83,8 @@ def _family(arch: str) -> type[EnergyformerConfig]:
                                                          f"``energyformer_{arch}``)."})
 
 
-#: arch name -> config class (one per entry of ``energyformer.models.registry.ARCHS``)
-CONFIG_CLASSES: dict[str, type[EnergyformerConfig]] = {arch: _family(arch) for arch in ARCHS}
+#: arch name -> config class (one per language model of ``energyformer.models.registry``)
+CONFIG_CLASSES: dict[str, type[EnergyformerConfig]] = {arch: _family(arch) for arch in LANGUAGE_MODELS}
 globals().update({cls.__name__: cls for cls in CONFIG_CLASSES.values()})
 
 

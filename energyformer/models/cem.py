@@ -94,10 +94,15 @@ class CEMLlama(LlamaStyleLM):
                       (r"\.precond\.", ".preconditioner."))
 
     def make_layer(self, c: CEMConfig) -> CEMBlock:
-        return CEMBlock(c.d_model, c.n_heads, c.resolved_d_ff, head_dim=c.head_dim,
-                        attn_n_steps=c.resolved_attn_n_steps, mlp_n_steps=c.resolved_mlp_n_steps,
-                        attn_step_size=c.attn_step_size, mlp_step_size=c.mlp_step_size,
-                        interaction=c.interaction, rope=c.rope, rope_theta=c.rope_theta, mlp_tie=c.mlp_tie,
-                        preconditioner=c.preconditioner, preconditioner_rank=c.preconditioner_rank,
-                        norm="rmsnorm", norm_eps=c.norm_eps, grad_through_norm=c.grad_through_norm,
-                        learn_step_size=c.learn_step_size, per_step_scale=c.per_step_scale)
+        return cem_block(c)
+
+
+def cem_block(c: CEMConfig) -> CEMBlock:
+    """One CEM layer (attention then gated-MLP descent steps) with every option of ``c``."""
+    return CEMBlock(c.d_model, c.n_heads, c.resolved_d_ff, head_dim=c.head_dim,
+                    attn_n_steps=c.resolved_attn_n_steps, mlp_n_steps=c.resolved_mlp_n_steps,
+                    attn_step_size=c.attn_step_size, mlp_step_size=c.mlp_step_size,
+                    interaction=c.interaction, rope=c.rope, rope_theta=c.rope_theta, mlp_tie=c.mlp_tie,
+                    preconditioner=c.preconditioner, preconditioner_rank=c.preconditioner_rank,
+                    norm="rmsnorm", norm_eps=c.norm_eps, grad_through_norm=c.grad_through_norm,
+                    learn_step_size=c.learn_step_size, per_step_scale=c.per_step_scale)

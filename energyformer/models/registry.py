@@ -24,6 +24,11 @@ ARCHS: dict[str, tuple[str, str, str]] = {
 }
 
 
+#: the archs that map token ids to next-token logits (generation, Hugging Face export, lm-eval);
+#: "regressor" reads continuous values instead
+LANGUAGE_MODELS: tuple[str, ...] = tuple(a for a in ARCHS if a != "regressor")
+
+
 def get_arch(arch: str) -> tuple[type[CausalLM], type[ModelConfig]]:
     """Return ``(ModelClass, ConfigClass)`` for a registered ``arch`` name."""
     check_choice("model.arch", arch, ARCHS)

@@ -23,26 +23,23 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from energyformer._validate import check_choice, check_float, check_int
+from energyformer._validate import check_choice, check_int
 from energyformer.layers.baseline import LlamaBlock
-from energyformer.layers.cem import CEMBlock
-from energyformer.layers.cem_options import INTERACTIONS, MLP_TIES
 from energyformer.layers.norms import RMSNorm
-from energyformer.layers.step_maps import STEP_MAPS
-from energyformer.models.base import CausalLM, LlamaShapeConfig, init_weights
+from energyformer.models.base import CausalLM, init_weights
+from energyformer.models.cem import CEMConfig, cem_block
 
 BACKBONES = ("cem", "llama")
 
 
 @dataclass
-class RegressorConfig(LlamaShapeConfig):
-    """In-context regressor hyper-parameters.
+class RegressorConfig(CEMConfig):
+    """In-context regressor hyper-parameters: every field of :class:`~energyformer.models.cem.CEMConfig`
+    (the CEM fields apply to ``backbone="cem"`` only and mean what they mean there), plus
+    ``x_dim`` and ``backbone``.
 
     ``block_size`` counts tokens (two per pair: at most ``block_size // 2`` pairs);
     ``vocab_size`` is unused (there are no tokens) and kept for the shared config machinery.
-    ``backbone`` picks the blocks; the CEM fields (``n_steps`` = recursion T of both sub-blocks,
-    ``interaction``, ``rope``, ``mlp_tie``, ``preconditioner``) apply to ``"cem"`` only and mean
-    what they mean in :class:`~energyformer.models.cem.CEMConfig`.
 
     Raises:
         ValueError: an unknown backbone or option, ``x_dim < 1``, ``block_size < 2``, an odd
@@ -54,30 +51,14 @@ class RegressorConfig(LlamaShapeConfig):
     block_size: int = 64
     x_dim: int = 2
     backbone: str = "cem"
-    n_steps: int = 1
-    interaction: str = "lowrank"
-    rope: str | None = "exact"
-    rope_theta: float = 10000.0
-    mlp_tie: str = "gate"
-    preconditioner: str | None = None
-    preconditioner_rank: int = 8
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_int("x_dim", self.x_dim, 1)
         check_int("block_size", self.block_size, 2)
         check_choice("backbone", self.backbone, BACKBONES)
-        check_int("n_steps", self.n_steps, 1)
-        check_float("rope_theta", self.rope_theta, 0.0, strict=True)
         if self.resolved_head_dim % 2:
             raise ValueError(f"head_dim={self.resolved_head_dim} must be even for RoPE")
-        if self.backbone == "cem":
-            INTERACTIONS.get(self.interaction).check_options(d_model=self.d_model, n_heads=self.n_heads,
-                                                             head_dim=self.resolved_head_dim, rope=self.rope)
-            MLP_TIES.check(self.mlp_tie)
-            if self.preconditioner is not None:
-                STEP_MAPS.get(self.preconditioner, "preconditioner").check_options(
-                    d_model=self.d_model, rank=self.preconditioner_rank, rank_name="preconditioner_rank")
 
 
 class SequenceRegressor(CausalLM):
@@ -88,11 +69,7 @@ class SequenceRegressor(CausalLM):
         self.config = c = config
         self.read_in = nn.Linear(c.x_dim + 3, c.d_model)
         if c.backbone == "cem":
-            blocks = [CEMBlock(c.d_model, c.n_heads, c.resolved_d_ff, head_dim=c.head_dim, attn_n_steps=c.n_steps,
-                               mlp_n_steps=c.n_steps, interaction=c.interaction, rope=c.rope, rope_theta=c.rope_theta,
-                               mlp_tie=c.mlp_tie, preconditioner=c.preconditioner,
-                               preconditioner_rank=c.preconditioner_rank, norm="rmsnorm", norm_eps=c.norm_eps)
-                      for _ in range(c.n_layers)]
+            blocks = [cem_block(c) for _ in range(c.n_layers)]
         else:
             blocks = [LlamaBlock(c.d_model, c.n_heads, c.n_heads, c.resolved_head_dim, c.resolved_d_ff, c.rope_theta,
                                  c.norm_eps) for _ in range(c.n_layers)]

@@ -31,7 +31,7 @@ import torch
 from energyformer.runs.checkpoint import find_checkpoint, weights_path
 from energyformer.runs.config import RunConfig, load_config, save_config
 from energyformer.runs.weights import load_weights
-from energyformer.utils.io import atomic_write_json
+from energyformer.utils.io import atomic_write_json, read_json_object
 
 from energyformer.runs.layout import (CONFIG_FILE, LOCK_FILE, MARKER_FILE, META_FILE, METRICS_FILE,  # noqa: F401
                                       STATE_FILE, SUMMARY_FILE, WEIGHTS_FILE)
@@ -139,16 +139,8 @@ def read_summary(run_dir: str | Path) -> dict[str, Any]:
         ValueError: ``summary.json`` is not a valid JSON object.
     """
     run_dir = Path(run_dir)
-    path = run_dir / SUMMARY_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{str(path)!r} not found: is {str(run_dir)!r} a finished `energyformer train` run?")
-    try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{str(path)!r} is not valid JSON ({e})") from None
-    if not isinstance(summary, dict):
-        raise ValueError(f"{str(path)!r} is not valid JSON (expected an object)")
-    return summary
+    return read_json_object(run_dir / SUMMARY_FILE, missing=f"is {str(run_dir)!r} a finished `energyformer train` run?",
+                            corrupt="it is rewritten when the run finishes (energyformer train)")
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

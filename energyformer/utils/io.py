@@ -77,3 +77,28 @@ def atomic_write_json(path: str | Path, obj: Any, **dumps_kw: Any) -> Path:
     """Write ``obj`` as JSON (``indent=2`` unless given, trailing newline) atomically."""
     dumps_kw.setdefault("indent", 2)
     return atomic_write_text(path, json.dumps(obj, **dumps_kw) + "\n")
+
+
+def read_json_object(path: str | Path, *, missing: str, corrupt: str) -> dict[str, Any]:
+    """Read a file holding one JSON object: the one reader behind ``meta.json`` and ``summary.json``.
+
+    Args:
+        path: the file.
+        missing: what the ``FileNotFoundError`` adds after ``"<path> not found: "``.
+        corrupt: what the ``ValueError`` adds after ``"<path> is corrupt (<why>); "``.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not UTF-8, not valid JSON, or not a JSON object.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: {missing}")
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is corrupt (not valid JSON: {exc}); {corrupt}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path} is corrupt (not valid JSON: expected an object, got {type(obj).__name__}); "
+                         f"{corrupt}")
+    return obj
