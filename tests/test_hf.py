@@ -46,7 +46,7 @@ def test_export_reproduces_our_logits_and_tokenizer(tmp_path, arch):
     x = torch.tensor([ids])
     with torch.no_grad():
         torch.testing.assert_close(model(x).logits, _ours(run)(x)[0], atol=0, rtol=0)
-    assert json.loads((out / "generation_config.json").read_text())["use_cache"] is False
+    assert json.loads((out / "generation_config.json").read_text())["use_cache"] is True
 
 
 def test_tied_head_is_stored_once_and_tied_after_loading(tmp_path):
@@ -74,18 +74,30 @@ def test_padded_batch_gives_each_row_its_unpadded_logits(tmp_path):
             torch.testing.assert_close(logits[row, -n:], ref, atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("arch", ["nrgpt", "gpt", "cem"])
-def test_greedy_generate_equals_ours_also_past_block_size(tmp_path, arch):
+@pytest.mark.parametrize("arch", ["nrgpt", "gpt", "cem", "llama", "gpt_rec"])
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_greedy_generate_equals_ours_also_past_block_size(tmp_path, arch, use_cache):
+    """With the cache (the default) both restart it past block_size by the same rule; without, both
+    slide a block_size window. Either way the tokens are ours exactly."""
     run, out = _export(tmp_path, {"arch": arch})
     tok, model, ours = AutoTokenizer.from_pretrained(out), AutoModelForCausalLM.from_pretrained(out), _ours(run)
     x = torch.tensor([tok("the cat")["input_ids"]])
-    n_new = 40  # 7 + 40 > block_size 32: both slide the context window
-    hf_out = model.generate(x, max_new_tokens=n_new, do_sample=False)
-    # our cached decoding restarts its cache past block_size; the plain sliding window is use_cache=False
-    no_cache = {"use_cache": False} if "use_cache" in inspect.signature(ours.generate).parameters else {}
-    ref = ours.generate(x, n_new, temperature=0, **no_cache)
+    n_new = 40  # 7 + 40 > block_size 32
+    hf_out = model.generate(x, max_new_tokens=n_new, do_sample=False, use_cache=use_cache)
+    ref = ours.generate(x, n_new, temperature=0, use_cache=use_cache)
     assert hf_out.shape == (1, 7 + n_new)
     assert torch.equal(hf_out, ref)
+
+
+def test_generate_uses_the_kv_cache_by_default(tmp_path):
+    """Each decoding step after the prompt runs one token through the model."""
+    _, out = _export(tmp_path, {"arch": "nrgpt"})
+    tok, model = AutoTokenizer.from_pretrained(out), AutoModelForCausalLM.from_pretrained(out)
+    lengths = []
+    real = model.model.forward
+    model.model.forward = lambda ids, *a, **k: (lengths.append(ids.shape[1]), real(ids, *a, **k))[1]
+    model.generate(torch.tensor([tok("the cat")["input_ids"]]), max_new_tokens=5, do_sample=False)
+    assert lengths == [7, 1, 1, 1, 1]
 
 
 def test_batched_left_padded_generate_equals_one_prompt_at_a_time(tmp_path):

@@ -46,7 +46,7 @@ class EnergyformerConfig(PretrainedConfig):
         self.energyformer = config_from_dict(spec).to_dict()
         for key in DERIVED_KEYS:
             kwargs.pop(key, None)
-        kwargs.setdefault("use_cache", False)
+        kwargs.setdefault("use_cache", True)
         super().__init__(**kwargs)
         self._set_derived()
 

@@ -99,7 +99,7 @@ def export_run(run_dir: str | Path, to: str | Path, as_: str = "energyformer") -
         missing = set(result.missing_keys) - ({"lm_head.weight"} if c.tie_embeddings else set())
         if missing or result.unexpected_keys:  # a bug in convert.py, not a user error
             raise RuntimeError(f"conversion left {sorted(missing)} missing, {result.unexpected_keys} unexpected")
-    hf.generation_config = generation_config(tokenizer, c.vocab_size, use_cache=as_ != "energyformer")
+    hf.generation_config = generation_config(tokenizer, c.vocab_size, use_cache=True)
     to.mkdir(parents=True, exist_ok=True)
     hf.eval().save_pretrained(to)
     tokenizer.save_pretrained(to)
@@ -107,8 +107,7 @@ def export_run(run_dir: str | Path, to: str | Path, as_: str = "energyformer") -
 
 
 def generation_config(tokenizer: Any, vocab_size: int, use_cache: bool) -> GenerationConfig:
-    """Defaults for ``generate``: the pad id, no cache for our classes (they recompute the
-    context), and ids the tokenizer never produces (a vocabulary padded past the tokenizer's)
+    """Defaults for ``generate``: the pad id, the KV cache on, and ids the tokenizer never produces (a vocabulary padded past the tokenizer's)
     suppressed, as ``energyformer sample`` does with ``vocab_limit``."""
     real = tokenizer.vocab_size  # the tokenizer's own ids; <pad> and other added tokens come after
     suppress = list(range(min(real, vocab_size), vocab_size))

@@ -12,9 +12,13 @@ What the wrapper adds to the plain model:
   their logits scattered back; masked positions get logits 0. A padded row thus gives exactly
   the logits of the unpadded sequence.
 - ``labels``: the Hugging Face loss (labels shifted inside, ``-100`` ignored).
-- ``generate``: recomputes the context each step (``use_cache=False``; our KV cache is not
-  wired in yet), slides the context past ``block_size`` as our own ``generate`` does, and
-  refuses a prompt longer than ``block_size``.
+- ``generate``: decodes with our own KV cache (:class:`~energyformer.layers.kv_cache.KVCache`,
+  docs/architecture.md §5) by default, with the same rule as our ``generate`` past
+  ``block_size`` (the cache restarts on the last ``block_size − block_size // 4`` tokens), so
+  greedy decoding equals ``model.generate(..., temperature=0)`` of the energyformer model.
+  A padded batch (an ``attention_mask`` with zeros) and ``use_cache=False`` recompute the last
+  ``block_size`` tokens each step instead (our models have no padding mask). A prompt longer
+  than ``block_size`` is refused.
 - the tied LM head is declared (``_tied_weights_keys``), so ``model.safetensors`` stores it once.
 """
 from __future__ import annotations
@@ -71,7 +75,18 @@ class EnergyformerForCausalLM(EnergyformerPreTrainedModel, GenerationMixin):
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
-        return False  # no Hugging Face cache object: each step recomputes the context
+        return False  # generate gets our own KVCache (see _prepare_cache_for_generation), not a DynamicCache
+
+    def _prepare_cache_for_generation(self, generation_config: Any, model_kwargs: dict[str, Any],
+                                      *args: Any, **kwargs: Any) -> None:
+        """Put a fresh energyformer ``KVCache`` into ``model_kwargs["cache"]`` unless the caller gave a
+        cache, turned caching off, or padded the batch (rows of different lengths recompute)."""
+        if model_kwargs.get("cache") is not None or generation_config.use_cache is False:
+            return
+        mask = model_kwargs.get("attention_mask")
+        if mask is not None and not bool(mask.bool().all()):
+            return
+        model_kwargs["cache"] = self.model.new_cache()
 
     def get_input_embeddings(self) -> torch.nn.Module:
         return getattr(self.model, "wte", None) or getattr(self.model, "embed_tokens")
@@ -98,6 +113,13 @@ class EnergyformerForCausalLM(EnergyformerPreTrainedModel, GenerationMixin):
         if unknown:
             raise ValueError(f"{sorted(unknown)} are not options of the {self.config.model_config().arch!r} "
                              f"forward; it takes {sorted(self._model_kwargs) or 'none'}")
+        cache = kwargs.get("cache")
+        if cache is not None:  # the new tokens after the cached ones; a padding mask cannot apply here
+            if attention_mask is not None and not bool(attention_mask.bool().all()):
+                raise ValueError("a cache cannot be used with a padded batch (attention_mask has zeros); "
+                                 "pass use_cache=False or prompts of one length")
+            logits = self.model(input_ids, cache=cache, **model_kwargs)[0]
+            return CausalLMOutputWithPast(logits=logits, cache=cache)
         logits = self._logits(input_ids, attention_mask, model_kwargs)
         loss = None
         if labels is not None:
@@ -128,12 +150,25 @@ class EnergyformerForCausalLM(EnergyformerPreTrainedModel, GenerationMixin):
         return logits
 
     def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
-                                      **kwargs: Any) -> dict[str, Any]:
-        """The whole context, cropped to the last ``block_size`` positions (no cache)."""
+                                      cache: Any = None, **kwargs: Any) -> dict[str, Any]:
+        """With a cache: the prompt (its last ``block_size`` tokens) first, then the newest token; when
+        the cache is full, a fresh cache on the last ``block_size − block_size // 4`` tokens (the rule
+        of energyformer's own ``generate``). Without: the last ``block_size`` tokens."""
         block = self.config.max_position_embeddings
-        inputs = {"input_ids": input_ids[:, -block:]}
-        if attention_mask is not None:
-            inputs["attention_mask"] = attention_mask[:, -block:]
+        inputs: dict[str, Any] = {}
+        if cache is None:
+            inputs["input_ids"] = input_ids[:, -block:]
+            if attention_mask is not None:
+                inputs["attention_mask"] = attention_mask[:, -block:]
+        else:
+            seen = cache.get_seq_length(0)
+            if seen == 0:
+                ids = input_ids[:, -block:]
+            elif seen >= block:
+                cache, ids = self.model.new_cache(), input_ids[:, -max(1, block - max(1, block // 4)):]
+            else:
+                ids = input_ids[:, -1:]
+            inputs.update(input_ids=ids, cache=cache)
         inputs.update({k: kwargs[k] for k in MODEL_KWARGS if kwargs.get(k) is not None})
         return inputs
 
@@ -151,7 +186,6 @@ class EnergyformerForCausalLM(EnergyformerPreTrainedModel, GenerationMixin):
             if n > self.config.max_position_embeddings:
                 raise ValueError(f"prompt of {n} tokens is longer than the model's context "
                                  f"block_size={self.config.max_position_embeddings}; shorten it")
-        kwargs.setdefault("use_cache", False)
         return super().generate(inputs, *args, **kwargs)
 
 

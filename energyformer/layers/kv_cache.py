@@ -40,10 +40,19 @@ class KVCache:
         logits, _ = model(next_ids, cache=cache)          # (B, 1, V), positions continue at N
     """
 
+    #: what ``transformers.GenerationMixin`` asks of a cache: a growing cache is not compilable
+    #: (no fixed shapes) and no slot is a linear-attention state
+    is_compileable = False
+
     def __init__(self) -> None:
         self._keys: list[torch.Tensor | None] = []
         self._values: list[torch.Tensor | None] = []
         self.meta: dict[str, Any] = {}
+
+    @property
+    def is_linear(self) -> list[bool]:
+        """One ``False`` per slot (``transformers`` protocol: no slot holds a recurrent state)."""
+        return [False] * max(1, len(self._keys))
 
     def __len__(self) -> int:
         """Number of slots used so far."""
