@@ -189,6 +189,10 @@ class CausalLM(nn.Module):
     def check_input(self, idx: torch.Tensor, targets: torch.Tensor | None = None, offset: int = 0) -> None:
         """Validate token ids ``(B, N)`` (that follow ``offset`` cached positions).
 
+        Under ``torch.compile`` only the static checks run (type, rank, length): the id-range checks
+        read the ids on the host, which would break the graph; the training loop validates ids
+        when it reads the data, and eager calls check them here.
+
         Raises:
             ValueError: wrong dtype or rank, ``offset + N > block_size``, ``N == 0``, or an id outside
                 ``[0, vocab_size)``; each message names the value and what was expected.
@@ -212,12 +216,6 @@ class CausalLM(nn.Module):
             raise ValueError(
                 f"sequence length {n} exceeds block_size={self.config.block_size}; "
                 f"crop the input to the last {self.config.block_size} tokens")
-        if idx.numel():
-            lo, hi = int(idx.min()), int(idx.max())
-            if lo < 0 or hi >= self.config.vocab_size:
-                bad = lo if lo < 0 else hi
-                raise ValueError(
-                    f"token id {bad} is out of range; expected ids in [0, {self.config.vocab_size})")
         if targets is not None:
             if not isinstance(targets, torch.Tensor) or targets.dtype != torch.int64:
                 got = targets.dtype if isinstance(targets, torch.Tensor) else type(targets).__name__
@@ -225,6 +223,21 @@ class CausalLM(nn.Module):
             if targets.shape != idx.shape:
                 raise ValueError(
                     f"targets shape {tuple(targets.shape)} must equal idx shape {tuple(idx.shape)}")
+        if torch.compiler.is_compiling():
+            # The value checks below read the ids on the host (a graph break under torch.compile);
+            # a compiled training step gets ids the loop validated when it read the data.
+            return
+        self._check_values(idx, targets)
+
+    def _check_values(self, idx: torch.Tensor, targets: torch.Tensor | None) -> None:
+        """The id-range checks of :meth:`check_input` (host reads; eager mode only)."""
+        if idx.numel():
+            lo, hi = int(idx.min()), int(idx.max())
+            if lo < 0 or hi >= self.config.vocab_size:
+                bad = lo if lo < 0 else hi
+                raise ValueError(
+                    f"token id {bad} is out of range; expected ids in [0, {self.config.vocab_size})")
+        if targets is not None:
             lo, hi = int(targets.min()), int(targets.max())
             if lo < -1 or hi >= self.config.vocab_size:
                 bad = lo if lo < -1 else hi
