@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
 
 from energyformer._validate import check_choice, check_divides, check_float, check_int
 from energyformer.energies.cem import rms_norm_vjp
@@ -45,6 +46,10 @@ __all__ = ["CEMAttention", "CEMGatedMLP", "CEMBlock", "ROPE_CHOICES", "NORM_CHOI
 
 class _CEMSubBlock(Traceable, nn.Module):
     """Shared machinery: norm, step size, preconditioner and the descent loop."""
+
+    #: recompute each descent step's activations in the backward pass (set by
+    #: ``CausalLM.set_activation_checkpointing``; training with gradients only)
+    checkpoint_steps: bool = False
 
     def _setup_common(self, d_model: int, n_steps: int, step_size: float | None, preconditioner: str | None,
                       preconditioner_rank: int, norm: str | None, norm_eps: float, grad_through_norm: bool,
@@ -108,6 +113,11 @@ class _CEMSubBlock(Traceable, nn.Module):
         h_hat = self._normalize(x)
         ctx = self._context(h_hat) if cache is None else self._context(h_hat, cache, layer_idx, offset)
         g = h_hat
+        if self.checkpoint_steps and sink is None and self.training and torch.is_grad_enabled():
+            # per-step activation checkpointing: keep x and g per step, recompute the rest in backward
+            for t in range(self.n_steps):
+                x, g = checkpoint(self._step, x, g, h_hat, ctx, t, use_reentrant=False)
+            return x
         for t in range(self.n_steps):
             grad = self._grad(g, h_hat, ctx)
             if sink is not None:
@@ -118,6 +128,11 @@ class _CEMSubBlock(Traceable, nn.Module):
         if sink is not None:
             sink.record(self.n_steps, x, {self.trace_sub: self._energy_or_none(g, h_hat)})
         return x
+
+    def _step(self, x: torch.Tensor, g: torch.Tensor, h_hat: torch.Tensor, ctx, t: int):
+        """One descent step ``(x, g = Norm(x)) -> (x', Norm(x'))`` (the unit of activation checkpointing)."""
+        x = self._descend(x, self._grad(g, h_hat, ctx), t)
+        return x, self._normalize(x)
 
     def energy(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """Per-token energy (B, N) of the state ``x`` given the sub-block input ``h`` (both (B, N, d)).

@@ -15,6 +15,7 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 import torch.nn.functional as F
 
 from energyformer._validate import check_choice, check_divides, check_float, check_int
@@ -295,6 +296,30 @@ class CausalLM(nn.Module):
             out[name] = t
         return out
 
+    #: recompute activations in the backward pass (see :meth:`set_activation_checkpointing`)
+    activation_checkpointing: bool = False
+
+    def set_activation_checkpointing(self, enabled: bool = True) -> "CausalLM":
+        """Keep only each unit's input in the forward and recompute the rest in the backward
+        (``torch.utils.checkpoint``, non-reentrant): a layer of GPT / Llama, a recurrent step of
+        NRGPT / GPT_Rec, a descent step inside every CEM sub-block. Applies in training with
+        gradients only (not under ``no_grad``, with a cache, or while tracing). Returns ``self``.
+
+        Trade: about one extra forward of compute for activation memory that no longer grows with
+        the number of steps (tests/test_checkpointing.py measures the saved tensors).
+        """
+        self.activation_checkpointing = bool(enabled)
+        for m in self.modules():
+            if hasattr(type(m), "checkpoint_steps"):
+                m.checkpoint_steps = bool(enabled)
+        return self
+
+    def run_unit(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)``, checkpointed when :attr:`activation_checkpointing` is on and gradients flow."""
+        if self.activation_checkpointing and self.training and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
+        return fn(*args)
+
     def trace(self) -> "contextlib.AbstractContextManager[Trace]":
         """Record energies during the forward calls inside ``with model.trace() as trace:``.
 
@@ -437,6 +462,8 @@ class LlamaStyleLM(CausalLM):
 
     embed_name: ClassVar[str] = "embed_tokens"
     layers_name: ClassVar[str] = "layers"
+    #: activation checkpointing wraps whole layers (False: the layers checkpoint their own steps)
+    checkpoint_layers: ClassVar[bool] = True
 
     def __init__(self, config: LlamaShapeConfig):
         super().__init__()
@@ -470,7 +497,12 @@ class LlamaStyleLM(CausalLM):
         self.check_input(idx, targets, offset)
         x = getattr(self, self.embed_name)(idx)
         for i, layer in enumerate(getattr(self, self.layers_name)):
-            x = layer(x) if cache is None else layer(x, cache, i, offset)
+            if cache is not None:
+                x = layer(x, cache, i, offset)
+            elif self.checkpoint_layers:
+                x = self.run_unit(layer, x)
+            else:  # the layer checkpoints its own steps (CEM)
+                x = layer(x)
         logits = self.lm_head(self.norm(x))
         return logits, self.lm_loss(logits, targets)
 

@@ -90,6 +90,7 @@ class CEMLlama(LlamaStyleLM):
     """
 
     embed_name, layers_name = "embed", "blocks"
+    checkpoint_layers = False  # each CEM sub-block checkpoints its descent steps
     legacy_renames = ((r"\.attn\.(q_proj|k_proj|diag)", r".attn.interaction.\1"),  # version 0.1 names
                       (r"\.precond\.", ".preconditioner."))
 

@@ -56,6 +56,6 @@ class GPT(LearnedPositionLM):
         self.check_input(idx, targets, offset)
         x = self.drop(self.embed(idx, offset))
         for i, block in enumerate(self.blocks):
-            x = block(x) if cache is None else block(x, cache, i)
+            x = self.run_unit(block, x) if cache is None else block(x, cache, i)
         logits = self.lm_head(self.ln_f(x))
         return logits, self.lm_loss(logits, targets)

@@ -233,7 +233,7 @@ class NRGPT(LearnedPositionLM):
             if sink is not None:
                 with torch.no_grad():
                     sink.record(t, x, e_prev, self.block.force(x))
-            x_new = self.block(x, scale=self.step_scale(t))
+            x_new = self.run_unit(self.block, x, self.step_scale(t))
             if stop_tol is not None:
                 x_new = torch.where(active.unsqueeze(-1), x_new, x)
                 steps += active.long()

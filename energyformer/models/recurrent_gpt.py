@@ -70,6 +70,6 @@ class RecurrentGPT(LearnedPositionLM):
         T = self.config.n_steps if n_steps is None else check_int("n_steps", n_steps, 1)
         x = self.embed(idx, offset)
         for t in range(T):
-            x = self.block(x) if cache is None else self.block(x, cache, t)
+            x = self.run_unit(self.block, x) if cache is None else self.block(x, cache, t)
         logits = self.lm_head(self.ln_f(x))
         return logits, self.lm_loss(logits, targets)
