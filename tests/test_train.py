@@ -359,3 +359,14 @@ def test_data_identity_is_recorded_and_checked(data_dir, tmp_path):
     with pytest.raises(ValueError, match=r"differ from the data run .*: train\.bin changed"):
         train(tiny_cfg(data, out, max_steps=4), progress=False)
     assert find_checkpoint(out)["step"] == 2  # nothing lost
+
+
+def test_activation_checkpointing_option_trains_the_same_run(data_dir, tmp_path):
+    """train.activation_checkpointing recomputes activations; the run (losses, weights) is unchanged."""
+    model = dict(arch="nrgpt", d_model=32, n_heads=2, n_steps=3)
+    a = train(tiny_cfg(data_dir, tmp_path / "a", model=model, max_steps=6), progress=False)
+    b = train(tiny_cfg(data_dir, tmp_path / "b", model=model, max_steps=6, activation_checkpointing=True),
+              progress=False)
+    ra, rb = read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b")
+    assert [r["train_loss"] for r in ra] == pytest.approx([r["train_loss"] for r in rb], rel=1e-5)
+    assert a["final_val_loss"] == pytest.approx(b["final_val_loss"], rel=1e-5)

@@ -131,6 +131,9 @@ class TrainConfig:
         tensorboard: also write TensorBoard logs to ``out_dir/tb``.
         parallel: under torchrun, ``"ddp"`` (DistributedDataParallel) or ``"fsdp"`` (FSDP2
             ``fully_shard`` per layer / recurrent block); ignored by a single process.
+        activation_checkpointing: recompute activations in the backward (per layer, per recurrent
+            step, per CEM descent step): memory that does not grow with ``n_steps`` for about one
+            extra forward of compute.
 
     Raises:
         ValueError: any value out of range or of the wrong type, naming the option.
@@ -161,6 +164,7 @@ class TrainConfig:
     num_threads: int | None = None
     tensorboard: bool = False
     parallel: str = "ddp"
+    activation_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         _check_nonempty_str("train.out_dir", self.out_dir)

@@ -154,6 +154,8 @@ def _train(run_cfg: RunConfig, info: dist.DistInfo, progress: bool | None) -> di
         # --- model, parallelism, optimizer -------------------------------------------------------
         try:
             model = build_model(mc).to(device)
+            if tc.activation_checkpointing:
+                model.set_activation_checkpointing()
         except (torch.OutOfMemoryError, MemoryError) as e:
             raise ValueError(f"the model does not fit into the memory of {device} ({type(e).__name__}); "
                              "reduce model.d_model, model.n_layers or model.vocab_size") from None
