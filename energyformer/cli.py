@@ -452,7 +452,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"  val loss: final {f(s['final_val_loss'], '.4f')}, best {f(s['best_val_loss'], '.4f')}; "
         f"train loss {f(s['final_train_loss'], '.4f')}",
         f"  params: {s['params']:,} ({s['params_non_embedding']:,} non-embedding)",
-        f"  speed: {s['tokens_per_s']:,.0f} tokens/s, "
+        f"  speed: {f(s['tokens_per_s'], ',.0f')} tokens/s, "
         + (f"MFU {100 * s['mfu']:.1f}%, " if s.get("mfu") is not None else "")
         + f"{s['minutes']:.1f} min on {s['device']}",
         f"  run dir: {s['out_dir']}",
