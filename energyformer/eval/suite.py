@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from energyformer._validate import check_int
 from energyformer.eval.loss import bits_per_byte, bits_per_token, perplexity
 from energyformer.utils.io import atomic_write_json, atomic_write_text
 
@@ -133,6 +134,8 @@ def evaluate_run(run_dir: str | Path, tasks: str | Sequence[str] = BUILTIN_TASKS
 
     names = parse_tasks(tasks)
     check_tasks(names, include_path)
+    if limit is not None:
+        check_int("limit", limit, minimum=1)
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run directory {str(run_dir)!r} does not exist")
