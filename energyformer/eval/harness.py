@@ -218,6 +218,7 @@ def run_tasks(lm: Any, tasks: list[str], include_path: str | None = None, limit:
 
 def main(argv: list[str] | None = None) -> int:
     """lm-eval's command line with the ``energyformer`` model registered."""
+    import lm_eval.models  # noqa: F401  (lm-eval's own models, ``hf`` among them, beside ours)
     from lm_eval.__main__ import cli_evaluate
 
     sys.argv = [sys.argv[0]] + list(sys.argv[1:] if argv is None else argv)
