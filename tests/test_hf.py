@@ -160,7 +160,13 @@ _STOCK_SCRIPT = textwrap.dedent("""
         ids = tok(text)["input_ids"]
         with torch.no_grad():
             logits = model(torch.tensor([ids])).logits[0]
-        results[folder] = {"cls": type(model).__name__, "ids": ids, "logits": logits.tolist()}
+            # a left-padded batch (the pad id must be a real embedding row of the stock model)
+            batch = tok([text, text[:3]], return_tensors="pt", padding=True)
+            padded = model.generate(**batch, max_new_tokens=4, do_sample=False)
+            single = model.generate(**tok([text[:3]], return_tensors="pt"), max_new_tokens=4, do_sample=False)
+        results[folder] = {"cls": type(model).__name__, "ids": ids, "logits": logits.tolist(),
+                           "padded_row": tok.decode(padded[1], skip_special_tokens=True),
+                           "single": tok.decode(single[0], skip_special_tokens=True)}
     assert not any(m.startswith("energyformer") for m in sys.modules), "energyformer was imported"
     print(json.dumps(results))
 """)
@@ -194,6 +200,7 @@ def test_stock_export_loads_without_energyformer_with_our_logits(stock_exports, 
     with torch.no_grad():
         ref = _ours(run)(torch.tensor([got["ids"]]))[0][0]
     torch.testing.assert_close(torch.tensor(got["logits"]), ref, atol=2e-5, rtol=0)
+    assert got["padded_row"].endswith(got["single"][-4:]) and len(got["padded_row"]) == len(got["single"])
 
 
 def test_export_as_llama_refuses_a_cem_that_is_not_a_llama(tmp_path):

@@ -89,6 +89,10 @@ def export_run(run_dir: str | Path, to: str | Path, as_: str = "energyformer") -
     model, _, meta = load_run(run_dir)
     c = model.config
     tokenizer = run_tokenizer(meta, run_dir, model_max_length=c.block_size)
+    if as_ != "energyformer" and tokenizer.pad_token_id is not None and tokenizer.pad_token_id >= c.vocab_size:
+        # a stock model embeds every id it is given, padding included: pad with a real token (id 0;
+        # the attention mask hides it), not the <pad> that lies past the model's vocabulary
+        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(0)
     if as_ == "energyformer":
         hf = MODEL_CLASSES[c.arch](config_for(c))
         hf.model.load_state_dict(model.state_dict())
@@ -100,6 +104,7 @@ def export_run(run_dir: str | Path, to: str | Path, as_: str = "energyformer") -
         if missing or result.unexpected_keys:  # a bug in convert.py, not a user error
             raise RuntimeError(f"conversion left {sorted(missing)} missing, {result.unexpected_keys} unexpected")
     hf.generation_config = generation_config(tokenizer, c.vocab_size, use_cache=True)
+    hf.config.pad_token_id = tokenizer.pad_token_id
     to.mkdir(parents=True, exist_ok=True)
     hf.eval().save_pretrained(to)
     tokenizer.save_pretrained(to)
