@@ -338,8 +338,12 @@ def test_a_no_op_run_keeps_a_truthful_summary(data_dir, tmp_path):
     out = tmp_path / "run"
     first = train(tiny_cfg(data_dir, out, max_steps=4), progress=False)
     before = (out / "summary.json").read_bytes()
+    config = (out / "config.yaml").read_bytes()
     again = train(tiny_cfg(data_dir, out, max_steps=4), progress=False)
     assert (out / "summary.json").read_bytes() == before  # not overwritten with 0 tokens/s
+    # a no-op call with other values (here a smaller max_steps and batch) records nothing it never ran
+    train(tiny_cfg(data_dir, out, max_steps=3, batch_size=4), progress=False)
+    assert (out / "config.yaml").read_bytes() == config
     assert again["steps_this_run"] == 0 and again["tokens_per_s"] == first["tokens_per_s"]
     # a resumed run reports speed and time over all its segments
     resumed = train(tiny_cfg(data_dir, out, max_steps=6), progress=False)

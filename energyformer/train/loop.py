@@ -178,14 +178,14 @@ def _train(run_cfg: RunConfig, info: dist.DistInfo, progress: bool | None) -> di
             totals.update({k: state["extra"][k] for k in totals if k in state.get("extra", {})})
         elif info.is_main:  # a fresh run: stale checkpoint files must never be resumed or loaded
             ckpt.delete_checkpoint(out_dir)
+        if start_step >= tc.max_steps:
+            kept = info.broadcast(_summary_if_current(out_dir, start_step) if info.is_main else None)
+            if kept is not None:  # nothing to train: the run's summary and config stay as they are
+                say(f"nothing to train: the run is at step {start_step} of train.max_steps={tc.max_steps}")
+                return {**kept, "steps_this_run": 0, "resumed_from": start_step}
         if info.is_main:
             rundir.write_run_files(out_dir, run_cfg, meta, write_meta=state is None)
         info.barrier()
-        if start_step >= tc.max_steps:
-            kept = info.broadcast(_summary_if_current(out_dir, start_step) if info.is_main else None)
-            if kept is not None:  # nothing to train: the run's summary stays as it is
-                say(f"nothing to train: the run is at step {start_step} of train.max_steps={tc.max_steps}")
-                return {**kept, "steps_this_run": 0, "resumed_from": start_step}
         metrics = MetricsLogger(out_dir, keep_until_step=start_step if state is not None else None,
                                 tensorboard=tc.tensorboard) if info.is_main else None
 
