@@ -374,3 +374,17 @@ def test_activation_checkpointing_option_trains_the_same_run(data_dir, tmp_path)
     ra, rb = read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b")
     assert [r["train_loss"] for r in ra] == pytest.approx([r["train_loss"] for r in rb], rel=1e-5)
     assert a["final_val_loss"] == pytest.approx(b["final_val_loss"], rel=1e-5)
+
+
+def test_an_allocation_failure_in_a_step_is_one_clear_error(data_dir, tmp_path, monkeypatch):
+    """Activations are not in the size check before step 1: an impossible size shows in the first
+    forward, and must read as one error naming what to change (not an allocator traceback)."""
+    from energyformer.models.gpt import GPT
+
+    def too_big(self, *a, **k):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate "
+                           "memory: you tried to allocate 40000000000 bytes.")
+
+    monkeypatch.setattr(GPT, "forward", too_big)
+    with pytest.raises(ValueError, match=r"out of memory in training step 1 .*train\.batch_size \(now 8\)"):
+        train(tiny_cfg(data_dir, tmp_path / "run", max_steps=2), progress=False)

@@ -232,7 +232,7 @@ def _train(run_cfg: RunConfig, info: dist.DistInfo, progress: bool | None) -> di
                 loss_sum = torch.zeros((), device=device)
                 batches = sampler.next_step(tc.grad_accum_steps)
                 for i, (x, y) in enumerate(batches):
-                    with dist.sync_gradients(wrapped, sync=i == len(batches) - 1):
+                    with dist.sync_gradients(wrapped, sync=i == len(batches) - 1), _out_of_memory(step, tc, out_dir):
                         with amp:
                             _, loss = fwd(x, y)
                         (loss / tc.grad_accum_steps).backward()
@@ -497,6 +497,31 @@ def peak_flops(device: torch.device) -> float | None:
 
 def _mfu(flops_per_token: float, tokens_per_s: float, peak: float | None) -> float | None:
     return None if peak is None else flops_per_token * tokens_per_s / peak
+
+
+@contextlib.contextmanager
+def _out_of_memory(step: int, tc: TrainConfig, out_dir: Path):
+    """Turn an allocation failure inside a training step into one line that says what to change.
+
+    The parameter check before step 1 cannot see activations (attention over a long block, many
+    recurrent steps), so the first forward is where an impossible size shows; nothing of the run
+    is lost (the last checkpoint, if any, is untouched).
+    """
+    try:
+        yield
+    except (torch.OutOfMemoryError, MemoryError) as e:
+        raise ValueError(_oom_msg(step, tc, out_dir, e)) from None
+    except RuntimeError as e:
+        if "allocate" not in str(e) and "out of memory" not in str(e):
+            raise
+        raise ValueError(_oom_msg(step, tc, out_dir, e)) from None
+
+
+def _oom_msg(step: int, tc: TrainConfig, out_dir: Path, e: BaseException) -> str:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return (f"out of memory in training step {step + 1} ({first[:160]}); reduce train.batch_size "
+            f"(now {tc.batch_size}), model.block_size or the model's size, or use "
+            f"--train.activation_checkpointing true. " + _kept_msg(out_dir))
 
 
 def _kept_msg(out_dir: Path) -> str:
