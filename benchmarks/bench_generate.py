@@ -16,13 +16,12 @@ These machines are shared and noisy: only the ratio within one run means anythin
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
+from common import write_results
 
 from energyformer import build_model
 
@@ -97,12 +96,7 @@ def main(argv=None) -> list[dict]:
     for r in rows:
         print(f"{r['family']:<24}{r['new_tokens']:>11}{r['uncached_tok_s']:>16.1f}{r['cached_tok_s']:>14.1f}"
               f"{r['ratio']:>8.1f}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    env = {"torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
-           "threads": torch.get_num_threads(), "device": args.device}
-    out.write_text(json.dumps({"env": env, "settings": vars(args), "rows": rows}, indent=2))
-    print(f"wrote {out}")
+    write_results(args.out, args.device, vars(args), rows)
     return rows
 
 

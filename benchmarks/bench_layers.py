@@ -21,7 +21,6 @@ Writes benchmarks/results/bench_layers-<machine>.json (environment, settings, ev
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -31,8 +30,9 @@ from pathlib import Path
 import torch
 from torch.utils import flop_counter
 
+from common import write_results
+
 import energyformer.models.flops  # noqa: F401  (registers the CPU SDPA FLOP formulas)
-from energyformer.energies import nrgpt as E
 from energyformer.layers import CEMBlock, GPTBlock, NRGPTBlock
 from energyformer.models.base import default_d_ff
 
@@ -182,12 +182,8 @@ def main(argv=None) -> int:
     rows = [r for shape in shapes for r in bench_shape(*shape, repeats, args.device)]
     print(format_table(rows))
     machine = f"{platform.machine()}-{torch.get_num_threads()}threads-{args.device}"
-    out = Path(args.out or Path(__file__).parent / "results" / f"bench_layers-{machine}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    env = {"torch": torch.__version__, "machine": platform.platform(), "threads": torch.get_num_threads(),
-           "device": args.device, "repeats": repeats}
-    out.write_text(json.dumps({"env": env, "rows": rows}, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_results(args.out or Path(__file__).parent / "results" / f"bench_layers-{machine}.json", args.device,
+                  {**vars(args), "repeats": repeats}, rows)
     missed = [r for r in rows if r["row"].startswith(("cem", "nrgpt")) and not r["row"].endswith("grad)")
               and r["cost_over_bound"] > GOAL]
     if args.check and missed:

@@ -13,13 +13,11 @@ Writes a JSON file with the environment, the settings and every row.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import time
-from pathlib import Path
 
 import torch
+from common import write_results
 
 from energyformer import build_model
 
@@ -116,12 +114,7 @@ def main(argv=None) -> list[dict]:
     for r in rows:
         print(f"{r['name']:<24}{r['baseline']:<18}{r['params']:>10,}{r['train_ms']:>10.1f}{r['train_ratio']:>7.2f}"
               f"{r['infer_ms']:>10.1f}{r['infer_ratio']:>7.2f}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    env = {"torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
-           "threads": torch.get_num_threads(), "device": args.device}
-    out.write_text(json.dumps({"env": env, "settings": vars(args), "rows": rows}, indent=2))
-    print(f"wrote {out}")
+    write_results(args.out, args.device, vars(args), rows)
     return rows
 
 
