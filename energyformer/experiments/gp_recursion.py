@@ -62,7 +62,7 @@ def run(ctx: Context) -> dict[str, Any]:
         for seed in ctx.seed_list():
             name = f"{label.replace(' ', '_').replace('=', '')}_s{seed}"
             summary = train_or_resume(ctx, name, config(ctx, model, seed, data))
-            net, _, _ = load_run(ctx.runs / name)
+            net, _, _ = load_run(ctx.runs / name, language_model=False)
             ev = evaluate_regressor(net, test, settings)
             floor = ev
             per_seed.append({**ev, "params": summary["params"]})

@@ -30,6 +30,7 @@ import torch
 
 from energyformer.runs.checkpoint import find_checkpoint, weights_path
 from energyformer.runs.config import RunConfig, load_config, save_config
+from energyformer.models.registry import LANGUAGE_MODELS
 from energyformer.runs.weights import load_weights
 from energyformer.utils.io import atomic_write_json, read_json_object
 
@@ -162,7 +163,20 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     return records
 
 
-def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> tuple[Any, RunConfig, dict[str, Any]]:
+def require_language_model(run_dir: str | Path, run_cfg: RunConfig) -> None:
+    """Raise ``ValueError`` unless the run is a language model (token ids in, next-token logits out).
+
+    Commands that read text (sample, inspect, eval, export) call it so that a ``regressor`` run is
+    refused by what it is, not by a tokenizer error further down.
+    """
+    arch = run_cfg.model.arch
+    if arch not in LANGUAGE_MODELS:
+        raise ValueError(f"{str(run_dir)!r} is an arch={arch!r} run, which reads continuous values, not text; "
+                         f"this command works on the language models ({', '.join(LANGUAGE_MODELS)})")
+
+
+def load_run(run_dir: str | Path, device: str | torch.device = "cpu", *,
+             language_model: bool = True) -> tuple[Any, RunConfig, dict[str, Any]]:
     """Rebuild a trained model from a run directory for sampling, evaluation or inspection.
 
     Returns:
@@ -178,8 +192,9 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> tuple[A
         NotADirectoryError: ``run_dir`` is a file.
         FileNotFoundError: the directory, ``config.yaml``, ``model.safetensors`` or any meta.json
             is missing (the message names the file).
-        ValueError: corrupt weights or config, weights that do not match the config, or a
-            meta.json whose vocabulary differs from the one the run trained with (named).
+        ValueError: corrupt weights or config, weights that do not match the config, a
+            meta.json whose vocabulary differs from the one the run trained with (named), or
+            (with ``language_model=True``, the default) a run that is not a language model.
     """
     from energyformer.models.registry import build_model
 
@@ -192,10 +207,12 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> tuple[A
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run directory {str(run_dir)!r} does not exist")
     run_cfg = read_run_config(run_dir)
+    if language_model:
+        require_language_model(run_dir, run_cfg)
     meta = read_run_meta(run_dir, run_cfg)
     marker = find_checkpoint(run_dir)
     recorded = (marker or {}).get("data")
-    if isinstance(recorded, dict):
+    if isinstance(recorded, dict) and run_cfg.model.arch in LANGUAGE_MODELS:
         change = identity_change(recorded, vocab_identity(meta), None, meta)
         if change:
             raise ValueError(f"the meta.json found for run {str(run_dir)!r} does not match the data it was "
