@@ -211,11 +211,14 @@ def interaction_grad(g: torch.Tensor, h_ctx: torch.Tensor, w_q: torch.Tensor | N
     elif diag_mode == "shared":
         # Shared diagonal: its score is head-independent, and its update is linear in the
         # weights, so Σ_k d ⊙ Σ_j a^k_ij ĥ_j = d ⊙ Σ_j (Σ_k a^k_ij) ĥ_j.
-        s = q @ ctx.k.transpose(-1, -2) + ((g * diag) @ h.transpose(-1, -2))[:, None]
-        s = s.to(_softmax_dtype(s.dtype)) * scale
+        # Every per-element pass over the (B, H, N, S) scores costs as much as a small GEMM on
+        # CPU, so the scale goes on q and g (B×N×d, not B×H×N×S) and the causal −∞ goes into the
+        # head-independent (B, N, S) diagonal scores: one add, then softmax (benchmarks/README.md).
+        sdt = _softmax_dtype(q.dtype)
         allowed = _causal_mask(n, g.device) if s_len == n else causal_mask(n, s_len, g.device)
-        s = s.masked_fill(~allowed, float("-inf"))
-        a = torch.softmax(s, dim=-1).to(q.dtype)  # (B, H, N, S)
+        bias = ((g * (diag * scale)) @ h.transpose(-1, -2)).to(sdt).masked_fill(~allowed, float("-inf"))
+        s = (q * scale) @ ctx.k.transpose(-1, -2)
+        a = torch.softmax(s.to(sdt) + bias[:, None], dim=-1).to(q.dtype)  # (B, H, N, S)
         y = a @ ctx.v
         diag_term = (-diag) * (a.sum(1) @ h)
     else:  # per_head
