@@ -33,10 +33,14 @@ def check_float(name: str, value: Any, minimum: float | None = None, *, strict: 
                 maximum: float | None = None) -> float:
     """Raise ``ValueError`` unless ``value`` is a finite real number above ``minimum``.
 
-    ``strict=True`` requires ``value > minimum``; otherwise ``value >= minimum``.
+    ``strict=True`` requires ``value > minimum``; otherwise ``value >= minimum``. A value that is
+    not a finite number (``inf``, ``nan``, a string) is told the whole range, e.g.
+    ``temperature=inf must be a finite number >= 0.0``.
     """
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name}={value!r} must be a finite number")
+        bounds = [f"{'>' if strict else '>='} {minimum}"] if minimum is not None else []
+        bounds += [f"<= {maximum}"] if maximum is not None else []
+        raise ValueError(f"{name}={value!r} must be a finite number{' ' if bounds else ''}{' and '.join(bounds)}")
     if minimum is not None:
         if strict and not value > minimum:
             raise ValueError(f"{name}={value} must be > {minimum}")
@@ -45,6 +49,22 @@ def check_float(name: str, value: Any, minimum: float | None = None, *, strict: 
     if maximum is not None and value > maximum:
         raise ValueError(f"{name}={value} must be <= {maximum}")
     return float(value)
+
+
+def nonfinite_float(text: Any) -> float | None:
+    """``"inf"``, ``"-Infinity"``, ``"nan"`` (any case) → that float; anything else → ``None``.
+
+    Command-line and YAML parsers read these spellings as strings, so a float option given
+    ``inf`` would be reported as "not a number"; turned into the float, the option's own check
+    (:func:`check_float`) names the range it expects.
+    """
+    if not isinstance(text, str):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return None if math.isfinite(value) else value
 
 
 def check_divides(name_a: str, a: int, name_b: str, b: int) -> None:

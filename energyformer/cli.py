@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import os
 import re
 import sys
@@ -526,6 +527,29 @@ def _bare_flags_true(args: list[str], fn: Callable[..., Any]) -> list[str]:
             for i, tok in enumerate(args)]
 
 
+def _nonfinite_floats(args: list[str], fn: Callable[..., Any]) -> list[str]:
+    """``--temperature inf`` / ``-inf`` / ``nan`` → ``--temperature=.inf`` (YAML's spelling) for
+    float parameters, so the command's own check names the range it expects instead of the parser
+    calling ``inf`` "not a number" (and ``-inf`` is not taken for a flag)."""
+    from energyformer._validate import nonfinite_float
+
+    hints = typing.get_type_hints(fn)
+    floats = {f"--{n}" for n, tp in hints.items() if tp is float or float in typing.get_args(tp)}
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        flag, eq, value = args[i].partition("=")
+        given_apart = not eq and i + 1 < len(args)  # `--flag VALUE`
+        x = nonfinite_float(args[i + 1] if given_apart else value) if flag in floats else None
+        if x is None:
+            out.append(args[i])
+        else:
+            out.append(f"{flag}={'.nan' if math.isnan(x) else '.inf' if x > 0 else '-.inf'}")
+            i += given_apart
+        i += 1
+    return out
+
+
 def _condense(message: str, parser_hints: dict[str, Any]) -> str:
     """jsonargparse's multi-line message → one line naming the flag and the expected type."""
     from energyformer.runs.config import type_name
@@ -564,7 +588,8 @@ def parse_command_line(argv: Sequence[str]) -> tuple[str, dict[str, Any]]:
     argv = [_normalize(a) for a in argv]
     command = argv[0] if argv and argv[0] in COMMANDS else None
     if command is not None:
-        argv = [command] + _bare_flags_true(argv[1:], COMMANDS[command][0])
+        argv = [command] + _nonfinite_floats(_bare_flags_true(argv[1:], COMMANDS[command][0]),
+                                             COMMANDS[command][0])
     try:
         ns = build_parser().parse_args(argv)
     except ArgumentError as e:

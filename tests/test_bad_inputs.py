@@ -134,6 +134,10 @@ CLI_CASES = [
     ("dtype-unknown", lambda c: c.train("--train.dtype", "float16"), r"train\.dtype='float16' is not valid; expected one of 'float32', 'bfloat16'"),
     ("device-unknown", lambda c: c.train("--train.device", "tpu"), r"train\.device='tpu' is not valid"),
     ("parallel-unknown", lambda c: c.train("--train.parallel", "mpi"), r"train\.parallel='mpi' is not valid; expected one of 'ddp', 'fsdp'"),
+    # inf/nan are numbers, just not finite ones: the message says the range expected
+    ("learning-rate-inf", lambda c: c.train("--train.learning_rate", "inf"), r"train\.learning_rate=inf must be a finite number > 0\.0$"),
+    ("grad-clip-nan", lambda c: c.train("--train.grad_clip=nan"), r"train\.grad_clip=nan must be a finite number >= 0\.0$"),
+    ("min-lr-minus-inf", lambda c: c.train("--train.min_lr", "-inf"), r"train\.min_lr=-inf must be a finite number >= 0\.0 and <= "),
     ("heads-do-not-divide", lambda c: c.train("--model.d_model", "30", "--model.n_heads", "4"), r"n_heads=4 must divide d_model=30"),
     # --- data: knowable before step 1 ---
     ("data-missing", lambda c: c.train("--data.data_dir", str(c.root / "nodata")), r"model\.vocab_size is not set and '.*nodata/meta\.json' does not exist"),
@@ -171,6 +175,12 @@ CLI_CASES = [
     ("sample-empty-prompt", lambda c: ["sample", str(c.run), "--prompt", ""], r"the prompt is empty"),
     ("sample-num-samples-zero", lambda c: ["sample", str(c.run), "--num_samples", "0"], r"num_samples=0 must be >= 1"),
     ("sample-negative-temperature", lambda c: ["sample", str(c.run), "--temperature", "-1"], r"temperature=-1\.0 must be >= 0"),
+    ("sample-temperature-inf", lambda c: ["sample", str(c.run), "--temperature", "inf"], r"temperature=inf must be a finite number >= 0\.0$"),
+    ("sample-temperature-nan", lambda c: ["sample", str(c.run), "--temperature=nan"], r"temperature=nan must be a finite number >= 0\.0$"),
+    ("sample-temperature-minus-inf", lambda c: ["sample", str(c.run), "--temperature", "-inf"], r"temperature=-inf must be a finite number >= 0\.0$"),
+    ("sample-top-p-nan", lambda c: ["sample", str(c.run), "--top_p", "NaN"], r"top_p=nan must be a finite number > 0\.0 and <= 1\.0$"),
+    ("sample-repetition-penalty-inf", lambda c: ["sample", str(c.run), "--repetition_penalty", "Infinity"],
+     r"repetition_penalty=inf must be a finite number > 0\.0$"),
     ("sample-max-new-tokens-word", lambda c: ["sample", str(c.run), "--max_new_tokens", "many"], r"--max_new_tokens='many' must be an integer"),
     ("sample-corrupt-weights", lambda c: ((c.run / "checkpoints/step-00000002/model.safetensors").write_bytes(b"\x00junk"),
                                           ["sample", str(c.run)])[-1],
@@ -183,6 +193,8 @@ CLI_CASES = [
     ("compare-plot-without-matplotlib", _no_matplotlib, r"needs the optional package 'matplotlib', which is not installed; pip install 'energyformer\[viz\]'"),
     ("prepare-unknown-dataset", lambda c: ["prepare", "tinystories", "--out_root", str(c.root / "d")], r"tinystories"),
     ("prepare-text-without-input", lambda c: ["prepare", "text"], r"prepare text needs --input FILE"),
+    ("prepare-text-val-fraction-inf", lambda c: ["prepare", "text", "--input", str(c.root / "no.txt"), "--val_fraction", "inf"],
+     r"val_fraction=inf must be a finite number > 0\.0 and <= 0\.5$"),
     ("prepare-text-input-missing", lambda c: ["prepare", "text", "--input", str(c.root / "no.txt"), "--out", str(c.root / "d")], r"no\.txt"),
     ("unknown-command", lambda c: ["trian", str(c.recipe_path)], r"trian"),
 ]

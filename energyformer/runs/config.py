@@ -34,7 +34,7 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-from energyformer._validate import check_choice, check_float, check_int
+from energyformer._validate import check_choice, check_float, check_int, nonfinite_float
 from energyformer.models.base import ModelConfig
 from energyformer.models.registry import ARCHS, get_arch
 from energyformer.runs.recipe import deep_merge, read_recipe
@@ -424,6 +424,8 @@ def _check_section(cls: type, values: Mapping[str, Any], section: str) -> dict[s
             value = True
         elif optional and isinstance(value, str) and value.strip().lower() == "none":
             value = None  # `--model.rope none`; for str options "none" and None mean the same
+        elif float in (hints[key], *typing.get_args(hints[key])) and nonfinite_float(value) is not None:
+            value = nonfinite_float(value)  # `inf`/`nan`: the field's own check names its range
         out[key] = value
     return out
 
