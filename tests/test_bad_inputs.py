@@ -20,6 +20,7 @@ import yaml
 from helpers import make_data_dir
 
 from energyformer.cli import main
+from energyformer.data import DATASETS
 
 MODEL = {"arch": "gpt", "d_model": 32, "n_layers": 2, "n_heads": 2, "block_size": 16}
 TRAIN = {"max_steps": 2, "batch_size": 4, "eval_interval": 2, "eval_iters": 1, "log_interval": 1,
@@ -191,7 +192,9 @@ CLI_CASES = [
     ("info-recipe-missing", lambda c: ["info", str(c.root / "nope.yaml")], r"config file .*nope\.yaml' does not exist"),
     ("compare-run-missing", lambda c: ["compare", str(c.root / "norun")], r"summary\.json'? not found"),
     ("compare-plot-without-matplotlib", _no_matplotlib, r"needs the optional package 'matplotlib', which is not installed; pip install 'energyformer\[viz\]'"),
-    ("prepare-unknown-dataset", lambda c: ["prepare", "tinystories", "--out_root", str(c.root / "d")], r"tinystories"),
+    ("prepare-unknown-dataset", lambda c: ["prepare", "tinystories", "--out_root", str(c.root / "d")],
+     r"dataset='tinystories' is not valid; expected one of " + ", ".join(f"'{n}'" for n in (*DATASETS, "text"))
+     + r" \('text': any UTF-8 text file, with --input FILE\)"),
     ("prepare-text-without-input", lambda c: ["prepare", "text"], r"prepare text needs --input FILE"),
     ("prepare-text-val-fraction-inf", lambda c: ["prepare", "text", "--input", str(c.root / "no.txt"), "--val_fraction", "inf"],
      r"val_fraction=inf must be a finite number > 0\.0 and <= 0\.5$"),
