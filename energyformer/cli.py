@@ -6,7 +6,7 @@ built from their signatures and docstrings with jsonargparse.
     energyformer train RECIPE.yaml [--section.key value ...]      # RECIPE --help lists every key
     energyformer sample RUN_DIR --prompt TEXT [--max_new_tokens N] [--temperature T] [--top_k K] [--seed S]
         [--top_p P] [--min_p P] [--repetition_penalty R] [--stop TEXT] [--interactive] [--use_cache false]
-    energyformer info RECIPE.yaml [--section.key value ...]
+    energyformer info RECIPE.yaml|RUN_DIR [--section.key value ...]
     energyformer compare RUN_DIR [RUN_DIR ...] [--out TABLE.md|TABLE.json] [--plot CURVES.png]
     energyformer prepare listops|gp|english [--seed S] [--tokenizer gpt2] [--text FILE]  # the experiments' data
     energyformer experiment NAME [--seeds 3] [--quick]      # results/NAME/{table.md, results.json, *.png}
@@ -258,23 +258,33 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
 
 
 def info(recipe: str, overrides: Sequence[str] = ()) -> str:
-    """Parameter report of a recipe's model (per layer; CEM against its Llama baseline).
+    """Parameter report of a recipe's or a run's model (per layer; CEM against its Llama baseline).
 
     The vocabulary size comes from the data's meta.json, else 65 is assumed (and said).
 
     Args:
-        recipe: YAML recipe.
+        recipe: YAML recipe, or a run directory (its config.yaml is read).
         overrides: --section.key VALUE tokens.
 
     Returns:
         the report text.
 
     Raises:
-        ValueError / FileNotFoundError: invalid or missing recipe.
+        ValueError / FileNotFoundError: invalid or missing recipe, a directory that is not a run
+            directory or a weights file (the message says what was expected and what was found).
     """
     from energyformer.models.accounting import parameter_report
     from energyformer.runs.config import load_config
+    from energyformer.runs.rundir import CONFIG_FILE, run_config_path
 
+    expected = "a recipe YAML file"
+    if Path(recipe).is_dir():
+        recipe = str(run_config_path(recipe, alternative=expected))
+    elif Path(recipe).suffix in (".safetensors", ".pt", ".bin") and Path(recipe).is_file():
+        owner = next((d for d in Path(recipe).resolve().parents if (d / CONFIG_FILE).is_file()), None)
+        raise ValueError(f"{recipe!r} is a weights file; expected {expected} or a run directory holding {CONFIG_FILE}"
+                         + (f" (this file is in the run directory {str(owner)!r}: energyformer info {owner})"
+                            if owner else ""))
     note = ""
     try:
         run_cfg = load_config(recipe, overrides, resolve_vocab=True)

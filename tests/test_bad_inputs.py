@@ -171,7 +171,7 @@ CLI_CASES = [
     ("sample-run-missing", lambda c: ["sample", str(c.root / "norun")], r"run directory '.*norun' does not exist"),
     ("sample-run-is-a-file", lambda c: ((c.root / "afile").write_text("x"), ["sample", str(c.root / "afile")])[-1],
      r"'.*afile' is a file; expected a run directory"),
-    ("sample-not-a-run", lambda c: ["sample", str(c.data)], r"config\.yaml' not found; '.*data' is not a run directory"),
+    ("sample-not-a-run", lambda c: ["sample", str(c.data)], r"config\.yaml' not found; '.*data' is not a run directory: .*; it holds meta\.json, train\.bin, val\.bin$"),
     ("sample-unknown-character", lambda c: ["sample", str(c.run), "--prompt", "Ω"], r"character 'Ω' \(U\+03A9\) at position 0 is not in the vocabulary"),
     ("sample-empty-prompt", lambda c: ["sample", str(c.run), "--prompt", ""], r"the prompt is empty"),
     ("sample-num-samples-zero", lambda c: ["sample", str(c.run), "--num_samples", "0"], r"num_samples=0 must be >= 1"),
@@ -189,6 +189,15 @@ CLI_CASES = [
     ("sample-meta-of-other-data", lambda c: (_retokenize_run_meta(c), ["sample", str(c.run)])[-1],
      r"meta\.json found for run .* does not match the data it was trained on: the vocabulary changed"),
     # --- other commands ---
+    ("info-not-a-run-directory", lambda c: ["info", str(c.data)],
+     r"'.*data' is not a run directory: expected a recipe YAML file or a run directory holding config\.yaml "
+     r"\(with model\.safetensors and meta\.json\), as `energyformer train` and `energyformer import-hf` write; "
+     r"it holds meta\.json, train\.bin, val\.bin$"),
+    ("info-empty-directory", lambda c: ((c.root / "empty").mkdir(), ["info", str(c.root / "empty")])[-1],
+     r"'.*empty' is not a run directory: expected a recipe YAML file or a run directory .*; it is empty$"),
+    ("info-weights-file", lambda c: ["info", str(c.run / "checkpoints/step-00000002/model.safetensors")],
+     r"model\.safetensors' is a weights file; expected a recipe YAML file or a run directory holding config\.yaml "
+     r"\(this file is in the run directory '.*run': energyformer info .*run\)$"),
     ("info-recipe-missing", lambda c: ["info", str(c.root / "nope.yaml")], r"config file .*nope\.yaml' does not exist"),
     ("compare-run-missing", lambda c: ["compare", str(c.root / "norun")], r"summary\.json'? not found"),
     ("compare-plot-without-matplotlib", _no_matplotlib, r"needs the optional package 'matplotlib', which is not installed; pip install 'energyformer\[viz\]'"),

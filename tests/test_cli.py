@@ -87,6 +87,16 @@ def test_info(recipe, capsys):
     assert f"{n:,}" in out
 
 
+def test_info_of_a_run_directory(trained, capsys):
+    """`info RUN_DIR` reports the run's model (read from its config.yaml)."""
+    from energyformer import build_model
+    from energyformer.runs import read_run_config
+
+    assert main(["info", str(trained)]) == 0
+    n = build_model(read_run_config(trained).model).num_params()
+    assert f"{n:,}" in capsys.readouterr().out
+
+
 def test_sample_from_a_model_with_padded_vocab(recipe, tmp_path, capsys):
     """A model whose vocab_size exceeds the tokenizer's never samples ids the tokenizer can't decode."""
     path, _, _ = recipe

@@ -93,18 +93,47 @@ def write_run_files(run_dir: str | Path, run_cfg: RunConfig, meta: dict[str, Any
         atomic_write_json(run_dir / META_FILE, meta, sort_keys=True)
 
 
+def run_config_path(run_dir: str | Path, alternative: str | None = None) -> Path:
+    """``run_dir/config.yaml``, the file that makes a directory a run directory.
+
+    Args:
+        run_dir: the directory.
+        alternative: what else the caller accepts, named in the error (e.g. "a recipe YAML file").
+
+    Raises:
+        FileNotFoundError: no ``config.yaml``; the message says what a run directory holds,
+            which commands write one, and what ``run_dir`` holds instead.
+    """
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.is_file():
+        expected = (f"{alternative} or " if alternative else "") + (
+            f"a run directory holding {CONFIG_FILE} (with {WEIGHTS_FILE} and {META_FILE}), as `energyformer "
+            "train` and `energyformer import-hf` write")
+        raise FileNotFoundError(f"{str(path)!r} not found; {str(run_dir)!r} is not a run directory: expected "
+                                f"{expected}; {_contents(Path(run_dir))}")
+    return path
+
+
+def _contents(directory: Path, shown: int = 8) -> str:
+    """``"it holds a.txt, b/"`` / ``"it is empty"`` / ``"it does not exist"``: for error messages."""
+    if not directory.is_dir():
+        return "it does not exist" if not directory.exists() else "it is a file"
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in directory.iterdir())
+    if not names:
+        return "it is empty"
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"it holds {', '.join(names[:shown])}{more}"
+
+
 def read_run_config(run_dir: str | Path) -> RunConfig:
     """The run's ``config.yaml`` as a :class:`RunConfig`.
 
     Raises:
-        FileNotFoundError: no ``config.yaml`` (the message says this is not a run directory).
+        FileNotFoundError: no ``config.yaml`` (the message says this is not a run directory and
+            what the directory holds; see :func:`run_config_path`).
         ValueError: the config does not load (see ``load_config``).
     """
-    path = Path(run_dir) / CONFIG_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{str(path)!r} not found; {str(run_dir)!r} is not a run directory "
-                                "written by `energyformer train`")
-    return load_config(path)
+    return load_config(run_config_path(run_dir))
 
 
 def read_run_meta(run_dir: str | Path, run_cfg: RunConfig | None = None) -> dict[str, Any]:
