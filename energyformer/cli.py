@@ -140,6 +140,8 @@ def train(recipe: str, overrides: Sequence[str] = (), progress: bool | None = No
     Any recipe value can be overridden with --section.key VALUE (e.g. --train.max_steps 2000
     --model.n_steps 6); `energyformer train RECIPE --help` lists every key of that recipe.
     The vocabulary size is read from the data's meta.json unless the recipe gives it.
+    --train.init_from RUN_DIR starts a fresh run from that run's weights (fine-tuning, e.g. of a
+    run written by `energyformer import-hf`, which has no train state to resume).
 
     Args:
         recipe: YAML recipe (model/data/train sections, optionally base: other.yaml).
@@ -150,12 +152,16 @@ def train(recipe: str, overrides: Sequence[str] = (), progress: bool | None = No
         the run summary (see ``energyformer.train.train``).
 
     Raises:
-        ValueError / FileNotFoundError: invalid recipe or overrides, missing data.
+        ValueError / FileNotFoundError: invalid recipe or overrides, missing data, a run
+            directory given as the recipe (the message says how to resume or fine-tune it).
         TrainingDivergedError: the loss became non-finite (the last good checkpoint is kept).
     """
     from energyformer.runs.config import load_config
-    from energyformer.train.loop import train as run_training
+    from energyformer.runs.rundir import CONFIG_FILE
+    from energyformer.train.loop import train as run_training, train_on_hint
 
+    if (Path(recipe) / CONFIG_FILE).is_file():  # a run directory where a recipe belongs
+        raise ValueError(f"{recipe!r} is a run directory, not a recipe YAML file; {train_on_hint(recipe)}")
     run_cfg = load_config(recipe, overrides, resolve_vocab=True)
     if run_cfg.model.arch == "regressor":  # sequences of continuous values: the regression loop
         from energyformer.experiments.regression_train import train_regressor

@@ -281,3 +281,47 @@ def test_cli_export_and_import_hf(tmp_path, capsys):
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "llama"
     assert main(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "back")]) == 0
     assert load_run(tmp_path / "back")[1].model.arch == "llama"
+
+
+def test_an_imported_run_is_fine_tuned_with_init_from(tmp_path, capsys):
+    """import-hf writes weights but no train state: training on it names the command that fine-tunes
+    it (--train.init_from), and that fresh run's first loss is the imported model's loss."""
+    from energyformer.data import BatchSampler, load_split
+    from energyformer.runs.config import load_config
+    from run_helpers import make_data
+
+    _, out = _export(tmp_path, {"arch": "nrgpt"})
+    data, imp, ft = make_data(tmp_path / "data"), tmp_path / "imp", tmp_path / "ft"
+    assert main(["import-hf", str(out), "--out", str(imp)]) == 0
+    recipe = str(imp / "config.yaml")
+    args = ["--data.data_dir", str(data), "--train.max_steps", "2", "--train.batch_size", "4", "--train.eval_iters", "1",
+            "--train.log_interval", "1", "--train.warmup_steps", "1", "--train.device", "cpu"]
+    hint = f"to fine-tune it, start a new run from its weights: energyformer train {recipe} --train.init_from {imp} "
+    for argv in (["train", recipe, "--train.out_dir", str(imp), *args], ["train", str(imp)]):
+        capsys.readouterr()
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and "\n" not in err and "no training state" in err and hint in err, err
+
+    assert main(["train", recipe, "--train.init_from", str(imp), "--train.out_dir", str(ft), *args]) == 0
+    first = json.loads((ft / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["step"] == 1  # its train loss is taken before the first update: the imported weights'
+    cfg = load_config(recipe)
+    sampler = BatchSampler(load_split(data, "train"), 4, cfg.model.block_size,
+                           torch.Generator().manual_seed(cfg.train.seed))
+    x, y = sampler.next_step(1)[0]
+    with torch.no_grad():
+        imported_loss = load_run(imp)[0].train()(x, y)[1].item()
+    assert first["train_loss"] == pytest.approx(imported_loss, rel=1e-6, abs=0)
+    assert main(["train", recipe, "--train.out_dir", str(tmp_path / "scratch"), *args]) == 0  # without init_from
+    scratch = json.loads((tmp_path / "scratch" / "metrics.jsonl").read_text().splitlines()[0])
+    assert scratch["train_loss"] != pytest.approx(imported_loss, rel=1e-3)
+
+    # the fine-tuned run resumes like any run (init_from kept); another model is refused by its keys
+    assert main(["train", recipe, "--train.init_from", str(imp), "--train.out_dir", str(ft), *args,
+                 "--train.max_steps", "3"]) == 0
+    assert json.loads((ft / "summary.json").read_text())["resumed_from"] == 2
+    capsys.readouterr()
+    assert main(["train", recipe, "--train.init_from", str(imp), "--train.out_dir", str(tmp_path / "other"), *args,
+                 "--model.n_steps", "3"]) == 2
+    assert "holds a different model (its vs this run's: {'n_steps': (2, 3)})" in capsys.readouterr().err

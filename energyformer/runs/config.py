@@ -101,7 +101,9 @@ class TrainConfig:
     otherwise" and ``device="auto"`` means CUDA when available, else CPU; both are decided when
     training starts. ``resume`` is ``"auto"`` (continue from a complete checkpoint in ``out_dir``
     if there is one), ``"never"`` (start fresh, overwriting) or the path of a run directory to
-    continue from. ``grad_clip=0`` disables clipping. ``out_dir`` defaults to
+    continue from. ``init_from`` starts a fresh run (step 0, a new optimizer) from the weights of
+    another run directory, e.g. one written by ``energyformer import-hf``, which has no train
+    state to resume (fine-tuning). ``grad_clip=0`` disables clipping. ``out_dir`` defaults to
     ``out/<recipe file name>`` when the config comes from a recipe file (see :func:`load_config`).
 
     Args:
@@ -124,6 +126,8 @@ class TrainConfig:
         ckpt_interval: steps between checkpoints (default ``eval_interval``).
         seed: seed of every RNG.
         resume: ``"auto"``, ``"never"`` or a run directory to continue from.
+        init_from: a run directory whose weights a fresh run starts from (fine-tuning; the model
+            config must be that run's, dropout aside); null = random initialization.
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``.
         dtype: ``"float32"`` or ``"bfloat16"`` (autocast).
         compile: ``torch.compile`` the model; null = on for CUDA only.
@@ -158,6 +162,7 @@ class TrainConfig:
     ckpt_interval: int | None = None
     seed: int = 1337
     resume: str = "auto"
+    init_from: str | None = None
     device: str = "auto"
     dtype: str = "float32"
     compile: bool | None = None
@@ -196,6 +201,8 @@ class TrainConfig:
         check_int("train.ckpt_interval", self.ckpt_interval, 1)
         check_int("train.seed", self.seed, 0)
         _check_nonempty_str("train.resume", self.resume)
+        if self.init_from is not None:
+            _check_nonempty_str("train.init_from", self.init_from)
         _check_device(self.device)
         check_choice("train.dtype", self.dtype, DTYPES)
         if self.compile is not None and not isinstance(self.compile, bool):

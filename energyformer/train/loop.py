@@ -19,6 +19,10 @@ batches from its own freshly seeded generators and never touches those states. S
 resume for N more reproduces a 2N-step run. A resume keeps the run's resolved schedule
 (``lr_decay_steps``, ``min_lr``, ``ckpt_interval``) unless a value is given explicitly, and
 says what changed.
+
+Fine-tuning is a fresh run that starts from another run's weights (``train.init_from``): step
+0, a new optimizer and schedule. A run directory without a train state (``energyformer
+import-hf`` writes one) cannot be resumed; the error gives the ``init_from`` command.
 """
 from __future__ import annotations
 
@@ -83,8 +87,11 @@ def train(run_cfg: RunConfig, *, progress: bool | None = None) -> dict[str, Any]
             ``block_size + 1``, token ids beyond the vocabulary, a data vocabulary larger than
             ``model.vocab_size``); a model too large for the memory; an out_dir that is a file,
             not writable or in use by another training; a checkpoint of a different model or
-            trained on different data; a corrupt checkpoint.
-        FileNotFoundError: missing data, or ``resume`` naming a directory without a checkpoint.
+            trained on different data; a corrupt checkpoint; a checkpoint without a train state
+            to resume (the message gives the ``init_from`` command); an ``init_from`` run of
+            another model or vocabulary.
+        FileNotFoundError: missing data, ``resume`` naming a directory without a checkpoint,
+            ``init_from`` naming a directory without a run config or weights.
         TrainingDivergedError: the loss or gradient norm became non-finite (the last good
             checkpoint in ``out_dir`` is left untouched).
         CheckpointWriteError: a checkpoint could not be written (the last one is kept).
@@ -128,13 +135,17 @@ def _train(run_cfg: RunConfig, info: dist.DistInfo, progress: bool | None) -> di
                 say(f"removed what an interrupted save left in {out_dir}: {', '.join(removed)}")
         info.barrier()
         resume_dir = _resume_dir(tc, out_dir)
-        state = None
+        state, init_dir = None, None
         if resume_dir is not None:
             saved = _check_resumable(resume_dir, run_cfg, identity, meta)
+            tc = _keep_init_from(saved.train, tc, resume_dir, (run_cfg.explicit or {}).get("train"))
             tc, notes = resolve_resumed_train(saved.train, tc, (run_cfg.explicit or {}).get("train"))
             run_cfg = dataclasses.replace(run_cfg, train=tc)
             state = ckpt.load_train_state(resume_dir)
             say(f"resuming from {resume_dir} at step {int(state['step'])}" + (f"; {notes}" if notes else ""))
+        elif tc.init_from is not None:
+            init_dir = _check_init_from(Path(tc.init_from), run_cfg, meta, out_dir)
+            say(f"starting from the weights of {init_dir} ({ckpt.weights_path(init_dir)})")
 
         # --- device, threads, seeds ------------------------------------------------------------
         if tc.num_threads is not None:
@@ -161,6 +172,8 @@ def _train(run_cfg: RunConfig, info: dist.DistInfo, progress: bool | None) -> di
                              "reduce model.d_model, model.n_layers or model.vocab_size") from None
         n_params, n_params_ne = model.num_params(), model.num_params(non_embedding=True)
         flops_per_token = estimate_flops_per_token(model)
+        if init_dir is not None:
+            load_weights(model, ckpt.weights_path(init_dir))
         if state is not None:
             metadata = load_weights(model, ckpt.checkpoint_dir(resume_dir) / rundir.WEIGHTS_FILE)
             ckpt.check_consistent(resume_dir, ckpt.find_checkpoint(resume_dir) or {"step": state["step"]},
@@ -385,6 +398,7 @@ def _resume_dir(tc: TrainConfig, out_dir: Path) -> Path | None:
         return None
     if tc.resume == "auto":
         if ckpt.find_checkpoint(out_dir) is not None:
+            _require_train_state(out_dir)
             return out_dir
         left = ckpt.has_checkpoint_files(out_dir)
         if left:
@@ -397,7 +411,70 @@ def _resume_dir(tc: TrainConfig, out_dir: Path) -> Path | None:
     if ckpt.find_checkpoint(path) is None:
         raise FileNotFoundError(f"train.resume={tc.resume!r}: no complete checkpoint there (expected "
                                 f"{rundir.MARKER_FILE} and the files it lists)")
+    _require_train_state(path)
     return path
+
+
+def train_on_hint(run_dir: str | Path) -> str:
+    """How to train further from the run directory ``run_dir``, for error messages: resume it
+    (when it has a train state) or fine-tune its weights in a new run (``train.init_from``)."""
+    run_dir = Path(run_dir)
+    config = run_dir / rundir.CONFIG_FILE
+    fine_tune = (f"to fine-tune it, start a new run from its weights: energyformer train {config} "
+                 f"--train.init_from {run_dir} --train.out_dir NEW_RUN_DIR --data.dataset NAME")
+    if (ckpt.checkpoint_dir(run_dir) / rundir.STATE_FILE).is_file():
+        return f"to continue it: energyformer train {config} --train.out_dir {run_dir}; {fine_tune}"
+    source = (ckpt.find_checkpoint(run_dir) or {}).get("imported_from")
+    made = f"made by `energyformer import-hf` from {source!r}" if source else f"no {rundir.STATE_FILE}"
+    return f"it holds weights but no training state ({made}), so training cannot resume it; {fine_tune}"
+
+
+def _require_train_state(run_dir: Path) -> None:
+    """Raise ``ValueError`` (saying how to fine-tune) if the checkpoint of ``run_dir`` holds
+    weights but no train state, as a run written by ``energyformer import-hf`` does."""
+    if not (ckpt.checkpoint_dir(run_dir) / rundir.STATE_FILE).is_file():
+        raise ValueError(f"{str(run_dir)!r}: {train_on_hint(run_dir)}")
+
+
+def _keep_init_from(saved: TrainConfig, new: TrainConfig, run_dir: Path, explicit: frozenset[str] | None
+                    ) -> TrainConfig:
+    """A resumed run keeps the ``init_from`` it started from; naming another one is an error
+    (the weights come from the checkpoint being resumed)."""
+    if new.init_from != saved.init_from and new.init_from is not None and "init_from" in (explicit or ()):
+        raise ValueError(f"train.init_from={new.init_from!r} starts a fresh run, but {str(run_dir)!r} holds a "
+                         "checkpoint that this run resumes; use --train.resume never to start over (this deletes "
+                         "that checkpoint) or choose another --train.out_dir")
+    return dataclasses.replace(new, init_from=saved.init_from)
+
+
+def _check_init_from(init_dir: Path, run_cfg: RunConfig, meta: dict[str, Any], out_dir: Path) -> Path:
+    """``init_dir`` after checking that its weights can start this run: another directory than
+    ``out_dir``, weights present, the same model (dropout aside) and the same vocabulary."""
+    from energyformer.data import identity_change, vocab_identity
+
+    if init_dir.resolve() == out_dir.resolve():
+        raise ValueError(f"train.init_from={str(init_dir)!r} is train.out_dir; a fresh run there deletes the "
+                         "weights it would start from: choose another --train.out_dir")
+    try:
+        saved = rundir.read_run_config(init_dir)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"train.init_from={str(init_dir)!r}: {e}") from None
+    weights = ckpt.weights_path(init_dir)
+    if not weights.is_file():
+        raise FileNotFoundError(f"train.init_from={str(init_dir)!r}: no weights there ({str(weights)!r} not found)")
+    a, b = saved.model.to_dict(), run_cfg.model.to_dict()
+    diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if k != "dropout" and a.get(k) != b.get(k)}
+    if diff:
+        raise ValueError(f"train.init_from={str(init_dir)!r} holds a different model (its vs this run's: {diff}); "
+                         f"train with its model section, e.g. energyformer train {init_dir / rundir.CONFIG_FILE} "
+                         f"--train.init_from {init_dir} ...")
+    if (init_dir / rundir.META_FILE).is_file():
+        saved_meta = rundir.read_run_meta(init_dir)
+        change = identity_change(vocab_identity(saved_meta), vocab_identity(meta), saved_meta, meta)
+        if change:
+            raise ValueError(f"the data in {str(run_cfg.data.path)!r} are not tokenized like the run "
+                             f"train.init_from={str(init_dir)!r}: {change}; prepare the data with its tokenizer")
+    return init_dir
 
 
 def _check_resumable(run_dir: Path, run_cfg: RunConfig, identity: dict[str, Any], meta: dict[str, Any]) -> RunConfig:
