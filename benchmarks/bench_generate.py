@@ -7,30 +7,36 @@ steps) and each length, one prompt of 16 tokens is continued by 64 / 256 / 512 s
 is 1024, so every length fits in the context and both paths see the same context (past
 ``block_size`` the cached path restarts its cache, docs/architecture.md §5).
 
-    python benchmarks/bench_generate.py                       # table + benchmarks/results/bench_generate.json
-    python benchmarks/bench_generate.py --lengths 64 --quick  # smoke test
+    python benchmarks/bench_generate.py                       # table + JSON
+    python benchmarks/bench_generate.py --quick               # d_model 32, 2 families, 16 tokens (smoke test)
+    python benchmarks/bench_generate.py --check               # exit 1 when a goal is missed
     python benchmarks/bench_generate.py --device cuda --batch-size 8
 
 These machines are shared and noisy: only the ratio within one run means anything.
+
+Goal (issue 10; ``--check`` exits 1 naming each miss with its numbers): cached generation ≥ 5×
+faster than uncached at 512 new tokens, every family.
+
+Writes benchmarks/results/bench_generate-<device>.json (environment, settings, every row).
 """
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from pathlib import Path
+import sys
 
 import torch
-from common import write_results
+from common import MODEL_SHAPES, check_exit, default_out, goal, interleaved_median_ms, write_results
 
 from energyformer import build_model
 
-D, H, L = 128, 4, 4
+_S = MODEL_SHAPES["d128"]
+D, H, L, D_FF = _S.d_model, _S.n_heads, _S.depth, _S.d_ff
+SPEEDUP_GOAL, GOAL_TOKENS = 5.0, 512
 FAMILIES = [
     ("gpt", dict(arch="gpt", d_model=D, n_layers=L, n_heads=H)),
-    ("llama", dict(arch="llama", d_model=D, n_layers=L, n_heads=H, d_ff=352)),
-    ("cem T=1", dict(arch="cem", d_model=D, n_layers=L, n_heads=H, d_ff=352)),
-    ("cem T=2 diag_shared+P", dict(arch="cem", d_model=D, n_layers=L, n_heads=H, d_ff=352, n_steps=2,
+    ("llama", dict(arch="llama", d_model=D, n_layers=L, n_heads=H, d_ff=D_FF)),
+    ("cem T=1", dict(arch="cem", d_model=D, n_layers=L, n_heads=H, d_ff=D_FF)),
+    ("cem T=2 diag_shared+P", dict(arch="cem", d_model=D, n_layers=L, n_heads=H, d_ff=D_FF, n_steps=2,
                                    interaction="diag_shared", preconditioner="diag_lowrank")),
     ("gpt_rec_parallel", dict(arch="gpt_rec", d_model=D, n_steps=L, n_heads=H, parallel=True)),
     ("nrgpt ff2w", dict(arch="nrgpt", d_model=D, n_steps=L, n_heads=H)),
@@ -38,37 +44,42 @@ FAMILIES = [
 ]
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+def time_generate(model, idx, n_new: int, repeats: int, device: str) -> tuple[float, float]:
+    """Median seconds of ``generate`` for ``n_new`` tokens with and without the cache, the two
+    timed in turn (same seed, so both sample the same tokens)."""
+    def run(use_cache: bool):
+        def call():
+            gen = torch.Generator(device=device).manual_seed(0)
+            model.generate(idx, n_new, temperature=0.8, top_k=40, generator=gen, use_cache=use_cache)
+        return call
+
+    ms = interleaved_median_ms({"cached": run(True), "uncached": run(False)}, repeats, device, warmup=0)
+    return ms["cached"] / 1e3, ms["uncached"] / 1e3
 
 
-def time_generate(model, idx, n_new: int, use_cache: bool, repeats: int, device: str) -> float:
-    """Median seconds of ``generate`` for ``n_new`` tokens."""
-    times = []
-    for r in range(repeats):
-        gen = torch.Generator(device=device).manual_seed(r)
-        _sync(device)
-        t0 = time.perf_counter()
-        model.generate(idx, n_new, temperature=0.8, top_k=40, generator=gen, use_cache=use_cache)
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def row_goals(row: dict) -> list[dict]:
+    """The cached-generation goal, for rows at 512 new tokens."""
+    if row["new_tokens"] != GOAL_TOKENS:
+        return []
+    return [goal(f"cached speed-up at {GOAL_TOKENS} tokens", row["ratio"], ">=", SPEEDUP_GOAL)]
 
 
-def main(argv=None) -> list[dict]:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lengths", type=int, nargs="+", default=[64, 256, 512])
+    ap.add_argument("--lengths", type=int, nargs="+", default=None, help="new tokens (default 64 256 512; 16 with --quick)")
     ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--batch-size", type=int, default=1)
     ap.add_argument("--block-size", type=int, default=1024)
     ap.add_argument("--vocab-size", type=int, default=74)
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--quick", action="store_true", help="d_model 32, 2 families (smoke test)")
+    ap.add_argument("--quick", action="store_true", help="d_model 32, 2 families, 16 new tokens (smoke test)")
+    ap.add_argument("--check", action="store_true", help="exit 1 when a goal is missed (each miss is printed)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_generate.json"))
+    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/bench_generate-<device>.json)")
     args = ap.parse_args(argv)
+    if args.lengths is None:
+        args.lengths = [16] if args.quick else [64, 256, 512]
     if args.threads:
         torch.set_num_threads(args.threads)
     families = FAMILIES[:2] if args.quick else FAMILIES
@@ -82,23 +93,24 @@ def main(argv=None) -> list[dict]:
         for use_cache in (True, False):  # warm-up
             model.generate(idx, 4, use_cache=use_cache)
         for n_new in args.lengths:
-            t_cached = time_generate(model, idx, n_new, True, args.repeats, args.device)
-            t_plain = time_generate(model, idx, n_new, False, args.repeats, args.device)
+            t_cached, t_plain = time_generate(model, idx, n_new, args.repeats, args.device)
             rows.append({"family": name, "new_tokens": n_new, "params": model.num_params(),
                          "cached_tok_s": args.batch_size * n_new / t_cached,
                          "uncached_tok_s": args.batch_size * n_new / t_plain,
                          "ratio": t_plain / t_cached})
+            rows[-1]["goals"] = row_goals(rows[-1])
     header = f"{'family':<24}{'new tokens':>11}{'uncached tok/s':>16}{'cached tok/s':>14}{'ratio':>8}"
     print(f"prompt {args.prompt_len}, batch {args.batch_size}, block {args.block_size}, device {args.device}, "
-          f"threads {torch.get_num_threads()}, median of {args.repeats}")
+          f"threads {torch.get_num_threads()}, median of {args.repeats} interleaved")
     print(header)
     print("-" * len(header))
     for r in rows:
         print(f"{r['family']:<24}{r['new_tokens']:>11}{r['uncached_tok_s']:>16.1f}{r['cached_tok_s']:>14.1f}"
               f"{r['ratio']:>8.1f}")
-    write_results(args.out, args.device, vars(args), rows)
-    return rows
+    write_results(args.out or default_out("bench_generate", args.device), args.device, vars(args), rows,
+                  script="bench_generate")
+    return check_exit(rows, args.check)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -2,46 +2,49 @@
 
 CEM rows (``CEMBlock``: T = 1, 2, 4; tied, diag_shared, diag_per_head; preconditioner) are timed
 against ``transformers``' ``LlamaDecoderLayer`` (SDPA) at the same shape; NRGPT block rows (FF1,
-FF2W, full and factored J) against our GPT_Rec_parallel block and against the same energy
-differentiated with ``torch.func.grad`` inside the forward (what the released NRGPT code does).
+FF2W, full and factored J, and the reference preset's block) against our GPT_Rec_parallel block
+and against the same energy differentiated with ``torch.func.grad`` inside the forward (what the
+released NRGPT code does; the table's ``max |Δ|`` is the largest output difference of the pair).
 
 For each row the table shows the measured time ratio to the peer (forward + backward, median of
 interleaved repeats, so every row sees the same machine load), the FLOP ratio to the peer
 (``torch.utils.flop_counter``, see ``energyformer.models.flops``), and their quotient
-``cost / bound``: 1.00 means the row costs exactly what its FLOPs say relative to the peer; the
-issue's goal is ≤ 1.10 for the CEM rows and ≤ 1.10 × FLOP ratio for the NRGPT rows.
+``cost / bound``: 1.00 means the row costs exactly what its FLOPs say relative to the peer.
+
+Goals (issue 10; ``--check`` exits 1 naming each miss with its numbers):
+
+* every CEM row: cost / bound ≤ 1.10 against the Llama layer;
+* CEM T=1 tied: ≥ 1.05× faster than the Llama layer;
+* every NRGPT row: time ratio ≤ 1.10 × FLOP ratio against the GPT_Rec_parallel block;
+* the NRGPT reference block: ≥ 1.5× faster than its ``torch.func.grad`` twin.
 
     python benchmarks/bench_layers.py                      # the three CPU shapes
     python benchmarks/bench_layers.py --shapes gpu --device cuda
-    python benchmarks/bench_layers.py --quick              # 3 repeats at the smallest shape (smoke)
+    python benchmarks/bench_layers.py --quick              # 3 repeats at the tiny shape (smoke)
     python benchmarks/bench_layers.py --check              # exit 1 when a goal is missed (for the record)
+    python benchmarks/bench_layers.py --rows "cem T=2,reference"   # some rows (and their peers) only
+    python benchmarks/bench_layers.py --profile "cem diag_shared" --profile-shape 256,8,256,4
 
-Writes benchmarks/results/bench_layers-<machine>.json (environment, settings, every row).
+Writes benchmarks/results/bench_layers[-<shapes>]-<device>.json (environment, settings, every row).
 """
 from __future__ import annotations
 
 import argparse
-import platform
-import statistics
 import sys
-import time
-from pathlib import Path
+from typing import Callable
 
 import torch
 from torch.utils import flop_counter
 
-from common import write_results
+from common import LAYER_SHAPES, check_exit, default_out, goal, interleaved_median_ms, sync, write_results
 
 import energyformer.models.flops  # noqa: F401  (registers the CPU SDPA FLOP formulas)
 from energyformer.layers import CEMBlock, GPTBlock, NRGPTBlock
 from energyformer.models.base import default_d_ff
 
-# (d_model, n_heads, N, B)
-SHAPES = {
-    "cpu": [(256, 8, 256, 4), (512, 8, 256, 4), (768, 12, 512, 2)],
-    "gpu": [(768, 12, 1024, 16)],
-    "tiny": [(128, 4, 128, 4)],
-}
+LLAMA = "transformers LlamaDecoderLayer"
+GPT_REC = "gpt_rec_parallel block"
+GRAD = " (torch.func.grad)"
 CEM_ROWS = [
     ("cem T=1 tied", dict(attn_n_steps=1, mlp_n_steps=1)),
     ("cem T=2 tied", dict(attn_n_steps=2, mlp_n_steps=2)),
@@ -52,12 +55,18 @@ CEM_ROWS = [
     ("cem full (T=2, diag_shared, P)", dict(attn_n_steps=2, mlp_n_steps=2, interaction="diag_shared",
                                             preconditioner="diag_lowrank")),
 ]
+NRGPT_REFERENCE = "nrgpt reference (ff2w full J)"
 NRGPT_ROWS = [
     ("nrgpt ff2w full J", dict(ff="ff2w", attention="full")),
     ("nrgpt ff1 full J", dict(ff="ff1", attention="full")),
     ("nrgpt ff2w factored", dict(ff="ff2w", attention="factored")),
+    # the block of NRGPTConfig.reference(): fixed α, inclusive mask, frozen-γ LayerNorm, full η
+    (NRGPT_REFERENCE, dict(ff="ff2w", attention="full", learn_alpha=False, mask="inclusive",
+                           norm="layernorm_frozen", eta_param="full")),
 ]
-GOAL = 1.10
+COST_GOAL = 1.10  # cost / bound, CEM and NRGPT rows
+CEM_T1_SPEEDUP_GOAL = 1.05  # CEM T=1 vs the Llama layer
+REFERENCE_SPEEDUP_GOAL = 1.5  # NRGPT reference block vs its torch.func.grad twin
 
 
 def hf_llama_layer(d: int, h: int, d_ff: int):
@@ -68,6 +77,7 @@ def hf_llama_layer(d: int, h: int, d_ff: int):
     cfg = LlamaConfig(hidden_size=d, num_attention_heads=h, num_key_value_heads=h, intermediate_size=d_ff,
                       num_hidden_layers=1, attn_implementation="sdpa")
     layer, rotary = LlamaDecoderLayer(cfg, layer_idx=0), LlamaRotaryEmbedding(cfg)
+    layer.rotary = rotary  # moved with the layer by .to(device)
 
     def run(x):
         pos = torch.arange(x.shape[1], device=x.device)[None]
@@ -96,6 +106,69 @@ class AutogradNRGPT(torch.nn.Module):
         return x - b.eta(force)
 
 
+def peer_of(name: str) -> str:
+    """The layer a row is compared with."""
+    if name.startswith("cem"):
+        return LLAMA
+    if name.endswith(GRAD):
+        return name[: -len(GRAD)]
+    if name.startswith("nrgpt"):
+        return GPT_REC
+    return name
+
+
+def row_names() -> list[str]:
+    """Every row of a shape, peers included, in table order."""
+    return ([LLAMA] + [name for name, _ in CEM_ROWS] + [GPT_REC]
+            + [k for name, _ in NRGPT_ROWS for k in (name, name + GRAD)])
+
+
+def select_rows(patterns: list[str] | None) -> list[str]:
+    """The rows whose names contain one of ``patterns`` (case-insensitive), with their peers
+    (all rows for ``None``).
+
+    Raises:
+        ValueError: a pattern matches no row (the message lists the rows).
+    """
+    names = row_names()
+    if not patterns:
+        return names
+    chosen = set()
+    for pat in patterns:
+        hits = [k for k in names if pat.lower() in k.lower()]
+        if not hits:
+            raise ValueError(f"--rows {pat!r} matches no row; expected part of one of: " + "; ".join(names))
+        chosen.update(hits)
+    for k in list(chosen):
+        while peer_of(k) != k:
+            k = peer_of(k)
+            chosen.add(k)
+    return [k for k in names if k in chosen]
+
+
+def build_layers(d: int, h: int, device: str, names: list[str] | None = None) -> dict[str, Callable]:
+    """The rows ``names`` (default all) of one shape as callables ``x (B, N, d) -> (B, N, d)``;
+    a ``torch.func.grad`` row needs its block among ``names``."""
+    names = row_names() if names is None else names
+    torch.manual_seed(0)
+    d_ff = default_d_ff(d)
+    layers: dict[str, Callable] = {}
+    if LLAMA in names:
+        peer_layer, layers[LLAMA] = hf_llama_layer(d, h, d_ff)
+        peer_layer.to(device)
+    for name, kw in CEM_ROWS:
+        if name in names:
+            layers[name] = CEMBlock(d, h, d_ff, rope="llama", **kw).to(device)
+    if GPT_REC in names:
+        layers[GPT_REC] = GPTBlock(d, h, 4 * d, activation="relu", parallel=True).to(device)
+    for name, kw in NRGPT_ROWS:
+        if name in names:
+            layers[name] = NRGPTBlock(d, h, **kw).to(device)
+            if name + GRAD in names:
+                layers[name + GRAD] = AutogradNRGPT(layers[name])
+    return layers
+
+
 def flops(fn, x) -> float:
     counter = flop_counter.FlopCounterMode(display=False)
     with counter:
@@ -103,57 +176,45 @@ def flops(fn, x) -> float:
     return float(counter.get_total_flops())
 
 
-def interleaved_ms(fns: dict, x: torch.Tensor, repeats: int, device: str) -> dict:
-    """Median forward+backward ms of every callable, timed in turn so that load hits all alike."""
-    def step(fn):
+def train_step(fn, x: torch.Tensor) -> Callable[[], None]:
+    """Forward + backward of ``fn`` at a fresh leaf copy of ``x``."""
+    def step():
         xx = x.detach().requires_grad_(True)
         fn(xx).sum().backward()
-
-    for fn in fns.values():  # warm-up
-        step(fn), step(fn)
-    times = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            step(fn)
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-            times[k].append((time.perf_counter() - t0) * 1e3)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return step
 
 
-def bench_shape(d: int, h: int, n: int, b: int, repeats: int, device: str) -> list[dict]:
-    torch.manual_seed(0)
-    d_ff = default_d_ff(d)
+def row_goals(name: str, time_ratio: float, cost: float) -> list[dict]:
+    """The issue's goals for one row (see the module docstring)."""
+    goals = []
+    if name.startswith(("cem", "nrgpt")) and not name.endswith(GRAD):
+        goals.append(goal("cost / bound", cost, "<=", COST_GOAL))
+    if name == "cem T=1 tied":
+        goals.append(goal("speed-up vs Llama layer", 1 / time_ratio, ">=", CEM_T1_SPEEDUP_GOAL))
+    if name == NRGPT_REFERENCE + GRAD:
+        goals.append(goal("reference speed-up vs torch.func.grad", time_ratio, ">=", REFERENCE_SPEEDUP_GOAL))
+    return goals
+
+
+def bench_shape(d: int, h: int, n: int, b: int, repeats: int, device: str,
+                names: list[str] | None = None) -> list[dict]:
+    """Every row ``names`` (default all) at one shape, with its ratios and goals."""
+    layers = build_layers(d, h, device, names)
     x = torch.randn(b, n, d, device=device)
-    peer_layer, peer = hf_llama_layer(d, h, d_ff)
-    peer_layer.to(device)
-    layers = {"transformers LlamaDecoderLayer": peer}
-    for name, kw in CEM_ROWS:
-        layers[name] = CEMBlock(d, h, d_ff, rope="llama", **kw).to(device)
-    gpt_rec = GPTBlock(d, h, 4 * d, activation="relu", parallel=True).to(device)
-    layers["gpt_rec_parallel block"] = gpt_rec
-    for name, kw in NRGPT_ROWS:
-        blk = NRGPTBlock(d, h, **kw).to(device)
-        layers[name] = blk
-        layers[name + " (torch.func.grad)"] = AutogradNRGPT(blk)
     fl = {k: flops(fn, x) for k, fn in layers.items()}
-    ms = interleaved_ms(layers, x, repeats, device)
+    with torch.no_grad():
+        diff = {k: float((fn(x) - layers[peer_of(k)](x)).abs().max()) for k, fn in layers.items() if k.endswith(GRAD)}
+    ms = interleaved_median_ms({k: train_step(fn, x) for k, fn in layers.items()}, repeats, device)
     rows = []
     for k in layers:
-        if k.startswith("cem"):
-            peer_name = "transformers LlamaDecoderLayer"
-        elif k.endswith("(torch.func.grad)"):
-            peer_name = k[: -len(" (torch.func.grad)")]
-        elif k.startswith("nrgpt"):
-            peer_name = "gpt_rec_parallel block"
-        else:
-            peer_name = k
+        peer_name = peer_of(k)
         t_ratio, f_ratio = ms[k] / ms[peer_name], fl[k] / fl[peer_name]
-        rows.append({"shape": [d, h, n, b], "row": k, "peer": peer_name, "ms": ms[k], "gflop": fl[k] / 1e9,
-                     "time_ratio": t_ratio, "flop_ratio": f_ratio, "cost_over_bound": t_ratio / f_ratio})
+        row = {"shape": [d, h, n, b], "row": k, "peer": peer_name, "ms": ms[k], "gflop": fl[k] / 1e9,
+               "time_ratio": t_ratio, "flop_ratio": f_ratio, "cost_over_bound": t_ratio / f_ratio,
+               "goals": row_goals(k, t_ratio, t_ratio / f_ratio)}
+        if k in diff:
+            row["max_abs_diff"] = diff[k]
+        rows.append(row)
     return rows
 
 
@@ -166,30 +227,87 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def find_row(name: str, names: list[str]) -> str:
+    """The row called ``name``, or the one row whose name contains it.
+
+    Raises:
+        ValueError: no row, or several rows, match ``name`` (the message lists the rows).
+    """
+    if name in names:
+        return name
+    hits = [k for k in names if name.lower() in k.lower()]
+    if len(hits) == 1:
+        return hits[0]
+    what = "matches several rows" if hits else "matches no row"
+    raise ValueError(f"--profile {name!r} {what}; expected one of: " + "; ".join(hits or names))
+
+
+def parse_shape(text: str) -> tuple[int, int, int, int]:
+    """``"d,H,N,B"`` → ``(d, H, N, B)``.
+
+    Raises:
+        ValueError: not four positive integers.
+    """
+    try:
+        shape = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) != 4 or min(shape) < 1:
+        raise ValueError(f"shape {text!r} must be four positive integers d,H,N,B (e.g. 256,8,256,4)")
+    return shape  # type: ignore[return-value]
+
+
+def profile_row(name: str, shape: tuple[int, int, int, int], device: str, steps: int = 3, row_limit: int = 25) -> str:
+    """torch.profiler table of one row's forward + backward at one shape: the top ops by self CPU
+    time (and by self CUDA time on a GPU), over ``steps`` steps after two warm-up steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    d, h, n, b = shape
+    key = find_row(name, row_names())
+    layers = build_layers(d, h, device, select_rows([key]))
+    step = train_step(layers[key], torch.randn(b, n, d, device=device))
+    step(), step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        sync(device)
+    sort = "self_device_time_total" if device.startswith("cuda") else "self_cpu_time_total"
+    head = f"profile of {key!r} at (d, H, N, B) = {shape}, forward + backward, {steps} steps, device {device}"
+    return head + "\n" + prof.key_averages().table(sort_by=sort, row_limit=row_limit)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shapes", default="cpu", choices=sorted(SHAPES))
+    p.add_argument("--shapes", default="cpu", choices=sorted(LAYER_SHAPES))
     p.add_argument("--device", default="cpu")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--quick", action="store_true", help="3 repeats at the tiny shape")
-    p.add_argument("--check", action="store_true", help="exit 1 when a CEM row's cost/bound exceeds 1.10")
-    p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/bench_layers-<machine>.json)")
+    p.add_argument("--check", action="store_true", help="exit 1 when a goal is missed (each miss is printed)")
+    p.add_argument("--rows", default=None, metavar="A,B",
+                   help="only the rows whose names contain one of these comma-separated parts (and their peers)")
+    p.add_argument("--profile", metavar="ROW", default=None,
+                   help="print the torch.profiler table of this row (name or unique part of it) and exit")
+    p.add_argument("--profile-shape", default=None, metavar="d,H,N,B",
+                   help="shape of --profile (default: the first shape of --shapes)")
+    p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/bench_layers[-<shapes>]-<device>.json)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    shapes, repeats = (SHAPES["tiny"], 3) if args.quick else (SHAPES[args.shapes], args.repeats)
-    rows = [r for shape in shapes for r in bench_shape(*shape, repeats, args.device)]
+    shapes_name = "tiny" if args.quick else args.shapes
+    if args.profile:
+        shape = parse_shape(args.profile_shape) if args.profile_shape else LAYER_SHAPES[shapes_name][0]
+        print(profile_row(args.profile, shape, args.device))
+        return 0
+    repeats = 3 if args.quick else args.repeats
+    names = select_rows(args.rows.split(",") if args.rows else None)
+    rows = [r for shape in LAYER_SHAPES[shapes_name] for r in bench_shape(*shape, repeats, args.device, names)]
     print(format_table(rows))
-    machine = f"{platform.machine()}-{torch.get_num_threads()}threads-{args.device}"
-    write_results(args.out or Path(__file__).parent / "results" / f"bench_layers-{machine}.json", args.device,
-                  {**vars(args), "repeats": repeats}, rows)
-    missed = [r for r in rows if r["row"].startswith(("cem", "nrgpt")) and not r["row"].endswith("grad)")
-              and r["cost_over_bound"] > GOAL]
-    if args.check and missed:
-        print(f"{len(missed)} row(s) above cost/bound {GOAL}: " + ", ".join(r["row"] for r in missed), file=sys.stderr)
-        return 1
-    return 0
+    tag = "" if shapes_name == "cpu" else shapes_name
+    write_results(args.out or default_out("bench_layers", args.device, tag), args.device,
+                  {**vars(args), "shapes": shapes_name, "repeats": repeats}, rows, script="bench_layers")
+    return check_exit(rows, args.check)
 
 
 if __name__ == "__main__":

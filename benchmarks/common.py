@@ -1,24 +1,277 @@
-"""What every benchmark script shares: the environment record and the JSON results file."""
+"""What every benchmark script shares: the shape registry, the interleaved timer, the matmul peak
+and MFU, the saved-tensor byte counter, goals and ``--check``, and the JSON results file.
+
+Only ratios measured in one run mean anything on a shared machine: every script times all its
+rows in turn (:func:`interleaved_median_ms`), so a load spike hits every row alike, and reports
+each row against a peer timed in the same loop.
+"""
 from __future__ import annotations
 
 import json
+import operator
 import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+RESULTS = Path(__file__).resolve().parent / "results"
+
+# ----------------------------------------------------------------------------------------------
+# Shape registry
+# ----------------------------------------------------------------------------------------------
+
+#: layer shapes ``(d_model, n_heads, N, B)`` of bench_layers.py (the issue's three CPU shapes, the
+#: GPU shape, and a tiny one for --quick and the tests)
+LAYER_SHAPES: dict[str, list[tuple[int, int, int, int]]] = {
+    "cpu": [(256, 8, 256, 4), (512, 8, 256, 4), (768, 12, 512, 2)],
+    "gpu": [(768, 12, 1024, 16)],
+    "tiny": [(64, 4, 32, 2)],
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """One model-level shape: width, heads, depth (layers, or recurrent steps), the MLP width of
+    the Llama-style models (``d_ff``; GPT-style models use ``4·d_model``), context and batch."""
+
+    d_model: int
+    n_heads: int
+    depth: int
+    d_ff: int
+    block_size: int
+    batch_size: int
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def heads_for(d_model: int) -> int:
+    """Heads the registry uses at a width: head size 32 up to d = 256 (as the d = 128 recipes
+    and the first CPU layer shape), 64 above (the other layer shapes and the GPU shape)."""
+    if d_model < 1:
+        raise ValueError(f"d_model={d_model} must be a positive integer")
+    size = 32 if d_model <= 256 else 64
+    if d_model % size:
+        raise ValueError(f"d_model={d_model} must be a multiple of the head size {size} "
+                         "(or pass --n-heads explicitly)")
+    return d_model // size
+
+
+def model_shape(d_model: int = 128, *, n_heads: int | None = None, depth: int = 4, block_size: int = 128,
+                batch_size: int = 32) -> ModelShape:
+    """The model rows' shape at a width (d_ff from ``default_d_ff``, heads from :func:`heads_for`)."""
+    from energyformer.models.base import default_d_ff
+
+    h = n_heads if n_heads is not None else heads_for(d_model)
+    if d_model % h:
+        raise ValueError(f"n_heads={h} must divide d_model={d_model}")
+    return ModelShape(d_model, h, depth, default_d_ff(d_model), block_size, batch_size)
+
+
+#: model shapes of bench_models.py / bench_generate.py: the Shakespeare recipe width (d 128, 4
+#: heads, 4 layers or steps, batch 32 × 128), the GPU shape (batch 16 × 1024, d 768, 12 heads)
+#: and a tiny one for --quick and the tests
+MODEL_SHAPES: dict[str, ModelShape] = {
+    "d128": model_shape(128),
+    "gpu": model_shape(768, n_heads=12, block_size=1024, batch_size=16),
+    "tiny": model_shape(32, n_heads=4, depth=2, block_size=32, batch_size=2),
+}
+
+# ----------------------------------------------------------------------------------------------
+# Timing, peak, MFU, memory
+# ----------------------------------------------------------------------------------------------
+
+
+def sync(device: str) -> None:
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def interleaved_median_ms(fns: dict[str, Callable[[], Any]], repeats: int, device: str,
+                          warmup: int = 2) -> dict[str, float]:
+    """Median wall-clock milliseconds of every callable, timed in turn ``repeats`` times (after
+    ``warmup`` untimed calls each) so that machine load hits all of them alike.
+
+    Raises:
+        ValueError: ``repeats < 1``.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats={repeats} must be at least 1")
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            sync(device)
+            t0 = time.perf_counter()
+            fn()
+            sync(device)
+            times[k].append((time.perf_counter() - t0) * 1e3)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def matmul_flops(n: int) -> int:
+    """FLOPs of one ``(n × n) @ (n × n)`` product: ``2·n³`` (a multiply and an add per term)."""
+    return 2 * n ** 3
+
+
+def flops_per_s(flops: float, ms: float) -> float:
+    """FLOP/s of ``flops`` done in ``ms`` milliseconds."""
+    if ms <= 0:
+        raise ValueError(f"ms={ms} must be positive")
+    return flops / (ms / 1e3)
+
+
+def mfu(flops_per_token: float, tokens_per_s: float, peak_flops_per_s: float) -> float:
+    """Model FLOP utilization: achieved ``flops_per_token · tokens_per_s`` over the peak."""
+    if peak_flops_per_s <= 0:
+        raise ValueError(f"peak_flops_per_s={peak_flops_per_s} must be positive")
+    return flops_per_token * tokens_per_s / peak_flops_per_s
+
+
+def matmul_step(n: int, device: str, precision: str = "fp32") -> Callable[[], torch.Tensor]:
+    """A callable doing one square ``n³`` product in the precision the models run in (fp32, or
+    bf16 as autocast runs a matmul: bf16 operands, made once so no cast is timed), to be timed
+    with the model rows: its FLOP/s is the run's matmul peak."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+
+    def step() -> torch.Tensor:
+        with autocast(device, precision):
+            return torch.mm(a, b)
+
+    return step
+
+
+def autocast(device: str, precision: str):
+    """``torch.autocast`` to bf16 for ``precision == "bf16"``, else a no-op context.
+
+    Raises:
+        ValueError: ``precision`` not ``"fp32"`` or ``"bf16"``.
+    """
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"precision={precision!r} must be 'fp32' or 'bf16'")
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16,
+                          enabled=precision == "bf16")
+
+
+def saved_tensor_bytes(fn: Callable[[], Any], exclude: Any = ()) -> int:
+    """Bytes of the tensors autograd saves for the backward while ``fn()`` runs, each storage
+    counted once (views and repeated saves share it); storages of the tensors in ``exclude``
+    (e.g. the model's parameters) are left out. This is the activation memory of a training
+    step that activation checkpointing trades for compute."""
+    def key(t: torch.Tensor) -> tuple:
+        s = t.untyped_storage()
+        return (s.device.type, s.device.index, s.data_ptr())
+
+    skip = {key(t) for t in exclude}
+    seen: set = set()
+    total = [0]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        k = key(t)
+        if k not in seen and k not in skip:
+            seen.add(k)
+            total[0] += t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return total[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# Goals, --check, results
+# ----------------------------------------------------------------------------------------------
+
+_OPS = {"<=": operator.le, ">=": operator.ge}
+
+
+def goal(name: str, value: float, op: str, target: float) -> dict[str, Any]:
+    """One goal of a row: ``value op target`` with ``met`` evaluated (``op`` is ``<=`` or ``>=``).
+
+    Raises:
+        ValueError: an unknown ``op``.
+    """
+    if op not in _OPS:
+        raise ValueError(f"op={op!r} must be one of {sorted(_OPS)}")
+    return {"goal": name, "value": float(value), "op": op, "target": float(target),
+            "met": bool(_OPS[op](value, target))}
+
+
+def missed_goals(rows: list[dict[str, Any]]) -> list[str]:
+    """A line per missed goal of every row: the row, the goal and the numbers."""
+    out = []
+    for r in rows:
+        for g in r.get("goals", []):
+            if not g["met"]:
+                out.append(f"{row_label(r)}: {g['goal']} = {g['value']:.3f}, goal {g['op']} {g['target']:g}")
+    return out
+
+
+def row_label(r: dict[str, Any]) -> str:
+    shape = f"{tuple(r['shape'])} " if "shape" in r else ""
+    name = r.get("row") or r.get("name") or r.get("family") or "?"
+    extra = f" @ {r['new_tokens']} tokens" if "new_tokens" in r else ""
+    return f"{shape}{name}{extra}"
+
+
+def check_exit(rows: list[dict[str, Any]], check: bool) -> int:
+    """``--check``: print every missed goal with its numbers to stderr and return 1 if any was
+    missed, else 0 (also 0 without ``check``, after printing a one-line summary)."""
+    missed = missed_goals(rows)
+    n_goals = sum(len(r.get("goals", [])) for r in rows)
+    print(f"goals: {n_goals - len(missed)} of {n_goals} met")
+    if missed and check:
+        print(f"--check: {len(missed)} goal(s) missed:", file=sys.stderr)
+        for line in missed:
+            print("  " + line, file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
 
 def environment(device: str) -> dict[str, Any]:
-    """torch and Python versions, machine, threads and device of this run."""
-    return {"torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
-            "platform": platform.platform(), "threads": torch.get_num_threads(), "device": device}
+    """torch and Python versions, machine, CPU or GPU name, threads and device of this run."""
+    env = {"torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
+           "platform": platform.platform(), "cpu": _cpu_name(), "threads": torch.get_num_threads(),
+           "device": device}
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return env
 
 
-def write_results(path: str | Path, device: str, settings: dict[str, Any], rows: list[dict[str, Any]]) -> Path:
-    """Write ``{"env", "settings", "rows"}`` as JSON to ``path`` (parents created) and say where."""
+def default_out(script: str, device: str, tag: str = "") -> Path:
+    """``benchmarks/results/<script>[-<tag>]-<device>.json``."""
+    parts = [script] + ([tag] if tag else []) + [str(device).replace(":", "")]
+    return RESULTS / ("-".join(parts) + ".json")
+
+
+def write_results(path: str | Path, device: str, settings: dict[str, Any], rows: list[dict[str, Any]],
+                  script: str | None = None) -> Path:
+    """Write ``{"script", "env", "settings", "rows"}`` as JSON to ``path`` (parents created) and say
+    where. ``script`` (the benchmark's name, what report.py picks the table layout by) defaults to
+    the file name up to its first ``-``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"env": environment(device), "settings": settings, "rows": rows}, indent=2) + "\n")
+    script = script or path.stem.split("-")[0]
+    data = {"script": script, "env": environment(device), "settings": settings, "rows": rows}
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     print(f"wrote {path}")
     return path

@@ -1,0 +1,229 @@
+"""The benchmark suite (benchmarks/): every script's --quick path writes the JSON fields report.py
+reads, report.py renders them, and the arithmetic behind MFU and activation memory is right.
+
+The scripts run in-process on tiny shapes (one thread, see conftest.py); their timings mean
+nothing here, only the fields, the goals and the exit codes are checked."""
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    """The benchmark modules, imported from benchmarks/ (a folder of scripts, not a package)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        yield {name: importlib.import_module(name)
+               for name in ("common", "bench_layers", "bench_models", "bench_generate", "report")}
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def _load(path):
+    data = json.loads(Path(path).read_text())
+    assert {"script", "env", "settings", "rows"} <= data.keys()
+    assert {"torch", "threads", "device"} <= data["env"].keys()
+    return data
+
+
+def _goals(rows):
+    return {g["goal"] for r in rows for g in r.get("goals", [])}
+
+
+# ------------------------------------------------------------------------------------------------
+# arithmetic
+
+
+def test_mfu_arithmetic_on_a_hand_made_number(bench):
+    c = bench["common"]
+    assert c.matmul_flops(1000) == 2_000_000_000
+    peak = c.flops_per_s(c.matmul_flops(1000), ms=20.0)  # 2 GFLOP in 20 ms
+    assert peak == pytest.approx(1e11)
+    # 1 MFLOP per token at 40 000 tokens/s is 40 GFLOP/s: 40 % of that peak
+    assert c.mfu(1e6, 4e4, peak) == pytest.approx(0.40)
+    with pytest.raises(ValueError, match="ms=0"):
+        c.flops_per_s(1.0, 0)
+    with pytest.raises(ValueError, match="peak_flops_per_s=0"):
+        c.mfu(1.0, 1.0, 0)
+
+
+def test_saved_tensor_bytes_counts_a_tensor_once(bench):
+    count = bench["common"].saved_tensor_bytes
+    x = torch.randn(1000, requires_grad=True)  # 4000 bytes
+    assert count(lambda: (x * x).sum()) == 4000  # mul saves x twice: one storage
+    assert count(lambda: (x.view(10, 100) * x.view(100, 10).t()).sum()) == 4000  # views share it
+    assert count(lambda: (x * x.exp()).sum()) == 8000  # x and exp(x): two storages
+    assert count(lambda: (x * x).sum(), exclude=[x]) == 0  # e.g. parameters left out
+    with torch.no_grad():
+        assert count(lambda: (x * x).sum()) == 0
+
+
+def test_goals_and_check_name_each_miss_with_its_numbers(bench, capsys):
+    c = bench["common"]
+    rows = [{"row": "a", "goals": [c.goal("cost / bound", 1.25, "<=", 1.10)]},
+            {"row": "b", "goals": [c.goal("speed-up", 1.6, ">=", 1.5)]}]
+    assert [g["met"] for r in rows for g in r["goals"]] == [False, True]
+    assert c.check_exit(rows, check=False) == 0
+    assert c.check_exit(rows, check=True) == 1
+    err = capsys.readouterr().err
+    assert "a: cost / bound = 1.250, goal <= 1.1" in err and "b:" not in err
+    assert c.check_exit(rows[1:], check=True) == 0
+    with pytest.raises(ValueError, match="op='<'"):
+        c.goal("x", 1, "<", 2)
+
+
+def test_shape_registry(bench):
+    c = bench["common"]
+    assert c.LAYER_SHAPES["cpu"] == [(256, 8, 256, 4), (512, 8, 256, 4), (768, 12, 512, 2)]
+    assert c.LAYER_SHAPES["gpu"] == [(768, 12, 1024, 16)]
+    gpu = c.MODEL_SHAPES["gpu"]
+    assert (gpu.d_model, gpu.n_heads, gpu.block_size, gpu.batch_size) == (768, 12, 1024, 16)
+    assert (c.MODEL_SHAPES["d128"].n_heads, c.MODEL_SHAPES["d128"].d_ff) == (4, 352)
+    assert c.model_shape(256).n_heads == 8 and c.model_shape(512).n_heads == 8
+    with pytest.raises(ValueError, match="d_model=100"):
+        c.heads_for(100)
+
+
+# ------------------------------------------------------------------------------------------------
+# the scripts' --quick paths
+
+
+def test_bench_layers_quick_nrgpt_rows(bench, tmp_path):
+    out = tmp_path / "layers.json"
+    assert bench["bench_layers"].main(["--quick", "--rows", "reference,ff1", "--out", str(out)]) == 0
+    data = _load(out)
+    assert data["script"] == "bench_layers"
+    rows = {r["row"]: r for r in data["rows"]}
+    assert set(rows) == {"gpt_rec_parallel block", "nrgpt ff1 full J", "nrgpt ff1 full J (torch.func.grad)",
+                         "nrgpt reference (ff2w full J)", "nrgpt reference (ff2w full J) (torch.func.grad)"}
+    for r in rows.values():
+        assert {"shape", "peer", "ms", "gflop", "time_ratio", "flop_ratio", "cost_over_bound", "goals"} <= r.keys()
+        assert r["cost_over_bound"] == pytest.approx(r["time_ratio"] / r["flop_ratio"])
+    twin = rows["nrgpt reference (ff2w full J) (torch.func.grad)"]
+    assert twin["max_abs_diff"] < 1e-4  # the torch.func.grad twin computes the same block
+    assert _goals(rows.values()) == {"cost / bound", "reference speed-up vs torch.func.grad"}
+
+
+def test_bench_layers_quick_every_row(bench, tmp_path):
+    """Every row, the transformers Llama layer and its CEM peers included."""
+    out = tmp_path / "layers.json"
+    bench["bench_layers"].main(["--quick", "--out", str(out)])
+    rows = _load(out)["rows"]
+    assert len(rows) == len(bench["bench_layers"].row_names())
+    assert "speed-up vs Llama layer" in _goals(rows)
+
+
+def test_bench_layers_rejects_an_unknown_row(bench):
+    with pytest.raises(ValueError, match="'nope' matches no row"):
+        bench["bench_layers"].select_rows(["nope"])
+    with pytest.raises(ValueError, match="four positive integers"):
+        bench["bench_layers"].parse_shape("1,2,3")
+
+
+def test_bench_layers_profile_prints_the_op_table(bench, capsys):
+    assert bench["bench_layers"].main(["--profile", "nrgpt ff1 full J", "--profile-shape", "32,4,16,2"]) == 0
+    out = capsys.readouterr().out
+    assert "profile of 'nrgpt ff1 full J' at (d, H, N, B) = (32, 4, 16, 2)" in out
+    assert "Self CPU" in out and "aten::" in out
+
+
+def test_bench_models_quick(bench, tmp_path):
+    out = tmp_path / "models.json"
+    assert bench["bench_models"].main(["--quick", "--rows", "cem T=1,nrgpt ff1", "--out", str(out)]) == 0
+    data = _load(out)
+    assert data["script"] == "bench_models" and data["settings"]["peak_flops"] > 0
+    fam = {r["name"]: r for r in data["rows"] if "baseline" in r}
+    assert set(fam) == {"llama", "cem T=1", "gpt_rec_parallel", "nrgpt ff1"}
+    for r in fam.values():
+        assert {"train_tok_s", "train_ratio", "flops_per_token", "mfu", "saved_mb", "flop_ratio",
+                "cost_over_bound", "infer_ratio"} <= r.keys()
+        assert 0 < r["mfu"] and r["saved_mb"] > 0
+        assert r["mfu"] == pytest.approx(r["flops_per_token"] * r["train_tok_s"] / data["settings"]["peak_flops"])
+    assert fam["llama"]["train_ratio"] == 1.0
+    ck = [r for r in data["rows"] if "family" in r]
+    assert {r["family"] for r in ck} == {"cem", "nrgpt", "gpt_rec_parallel"}
+    for r in ck:
+        assert r["t4_saved_mb"] > 2 * r["t1_saved_mb"] > 0  # without checkpointing memory grows with T
+        assert r["t4_ckpt_over_t1"] == pytest.approx(r["t4_ckpt_saved_mb"] / r["t1_saved_mb"])
+    assert _goals(ck) == {"T=4 checkpointed / T=1 memory"}
+    assert not _goals(fam.values())  # the MFU goal applies from d_model 256
+
+
+def test_bench_models_mfu_goal_at_d256(bench, tmp_path):
+    out = tmp_path / "models.json"
+    bench["bench_models"].main(["--quick", "--d-model", "256", "--rows", "gpt", "--no-checkpointing",
+                                "--out", str(out)])
+    data = _load(out)
+    assert data["settings"]["model_shape"]["d_model"] == 256 and data["settings"]["model_shape"]["n_heads"] == 8
+    assert _goals(data["rows"]) == {"MFU"}
+
+
+@pytest.mark.slow
+def test_bench_models_quick_compile(bench, tmp_path):
+    """torch.compile with inductor: tens of seconds even at the tiny shape."""
+    out = tmp_path / "models.json"
+    bench["bench_models"].main(["--quick", "--d-model", "256", "--compile", "--rows", "gpt_rec",
+                                "--no-checkpointing", "--out", str(out)])
+    (row,) = _load(out)["rows"]
+    assert "compile_error" not in row, row.get("compile_error")
+    assert {"compiled_ms", "compiled_mfu", "compile_speedup", "compile_s"} <= row.keys()
+    assert _goals([row]) == {"MFU (best of eager, compiled)", "compiled speed-up"}
+
+
+def test_bench_generate_quick_and_its_goal(bench, tmp_path):
+    out = tmp_path / "generate.json"
+    assert bench["bench_generate"].main(["--quick", "--out", str(out)]) == 0
+    rows = _load(out)["rows"]
+    assert {r["family"] for r in rows} == {"gpt", "llama"}
+    assert all({"new_tokens", "cached_tok_s", "uncached_tok_s", "ratio"} <= r.keys() and not r["goals"]
+               for r in rows)
+    (g,) = bench["bench_generate"].row_goals({"new_tokens": 512, "ratio": 4.0})
+    assert (g["goal"], g["met"]) == ("cached speed-up at 512 tokens", False)
+
+
+# ------------------------------------------------------------------------------------------------
+# report.py
+
+
+def test_report_renders_every_script(bench, tmp_path):
+    c = bench["common"]
+    rows_layers = [{"shape": [64, 4, 32, 2], "row": "cem T=1 tied", "peer": "L", "ms": 1.0, "gflop": 0.1,
+                    "time_ratio": 0.9, "flop_ratio": 0.93, "cost_over_bound": 0.97,
+                    "goals": [c.goal("cost / bound", 0.97, "<=", 1.10), c.goal("speed-up", 1.01, ">=", 1.05)]}]
+    rows_models = [{"name": "llama", "baseline": "llama", "params": 10, "train_tok_s": 1e4, "train_ratio": 1.0,
+                    "flop_ratio": 1.0, "cost_over_bound": 1.0, "flops_per_token": 2e6, "mfu": 0.3,
+                    "infer_ratio": 1.0, "saved_mb": 1.5, "goals": [c.goal("MFU", 0.3, ">=", 0.4)]},
+                   {"name": "cem T=4 checkpointed vs T=1", "family": "cem", "memory": "saved_mb",
+                    "t1_saved_mb": 1.0, "t4_saved_mb": 4.0, "t4_ckpt_saved_mb": 1.2, "t4_over_t1": 4.0,
+                    "t4_ckpt_over_t1": 1.2, "recompute_time_ratio": 1.3,
+                    "goals": [c.goal("T=4 checkpointed / T=1 memory", 1.2, "<=", 1.3)]}]
+    rows_generate = [{"family": "gpt", "new_tokens": 512, "cached_tok_s": 100.0, "uncached_tok_s": 10.0,
+                      "ratio": 10.0, "goals": [c.goal("cached speed-up", 10.0, ">=", 5)]}]
+    for script, rows in (("bench_layers", rows_layers), ("bench_models", rows_models),
+                         ("bench_generate", rows_generate)):
+        c.write_results(tmp_path / f"{script}-cpu.json", "cpu", {"quick": False}, rows, script=script)
+    md = tmp_path / "tables.md"
+    assert bench["report"].main(["--results", str(tmp_path), "--out", str(md)]) == 0
+    text = md.read_text()
+    sections = text.split("### ")[1:]
+    assert [s.split(":")[0] for s in sections] == ["bench_layers", "bench_models", "bench_generate"]
+    assert "| cem T=1 tied | L | 1.0 | 0.90 | 0.93 | 0.97 | cost / bound ≤ 1.1; speed-up ≥ 1.05 | " \
+           "met (0.97); **missed** (1.01) |" in text
+    assert "| cem | saved_mb | 1.0 | 4.0 | 1.2 | 4.00 | 1.20 | 1.30 |" in text
+    assert "| 30.0% |" in text and "| 2.0 |" in text  # MFU and MFLOP per token
+    assert "| gpt | 512 | 10.0 | 100.0 | 10.0 | cached speed-up ≥ 5 | met (10.00) |" in text
+    assert text.count("Goals met: 1 of 2.") == 2 and "Goals met: 1 of 1." in text
+
+
+def test_report_says_what_is_missing(bench, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no \\*.json in"):
+        bench["report"].main(["--results", str(tmp_path)])
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ValueError, match="bad.json is not valid JSON"):
+        bench["report"].main(["--results", str(tmp_path)])
