@@ -122,3 +122,16 @@ def test_eval_bad_input_is_one_line_error(tmp_path, capsys):
     assert "is incomplete" in capsys.readouterr().err
     assert main(["eval", str(run), "--tasks", "mmlu_dev", "--num_fewshot", "5"]) == 2
     assert "num_fewshot=5" in capsys.readouterr().err
+
+
+def test_eval_outside_a_git_repository_prints_no_git_error(tmp_path, monkeypatch, capfd):
+    """lm-eval records the git commit of the working directory by running git, whose stderr
+    ("fatal: not a git repository") reached ours; it is discarded now (file descriptor 2 checked)."""
+    from energyformer.eval.harness import git_commit_hash
+
+    monkeypatch.chdir(tmp_path)  # pytest's temporary folders are outside any repository
+    run = make_run(tmp_path / "run", {"arch": "gpt"}, data_dir=make_data(tmp_path / "data"))
+    assert main(["eval", str(run), "--tasks", "mmlu_dev", "--limit", "2", "--out", str(tmp_path / "r.json")]) == 0
+    err = capfd.readouterr().err
+    assert "fatal:" not in err and "not a git repository" not in err, err
+    assert git_commit_hash() is None and capfd.readouterr().err == ""

@@ -27,12 +27,15 @@ Choices lm-eval leaves to the model (as its ``hf`` model does, :class:`lm_eval.m
 """
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import warnings
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+import lm_eval.evaluator
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
@@ -42,6 +45,25 @@ from energyformer.data import load_tokenizer
 from energyformer.runs.rundir import load_run
 
 MODEL_NAME = "energyformer"
+
+
+def git_commit_hash() -> str | None:
+    """lm-eval's ``get_git_commit_hash`` (the ``git_hash`` of its results) with git's stderr
+    discarded: outside a git repository git printed ``fatal: not a git repository`` on ours.
+
+    ``git describe --always`` in the working directory; when git fails or is missing, lm-eval's
+    own reading of ``.git`` (``None`` outside a repository).
+    """
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    try:
+        done = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return get_commit_from_path(os.getcwd())
+
+
+lm_eval.evaluator.get_git_commit_hash = git_commit_hash  # simple_evaluate looks it up in its module
 
 
 @register_model(MODEL_NAME)
