@@ -11,8 +11,8 @@ built from their signatures and docstrings with jsonargparse.
     energyformer prepare listops|gp|english [--seed S] [--tokenizer gpt2] [--text FILE]  # the experiments' data
     energyformer experiment NAME [--seeds 3] [--quick]      # results/NAME/{table.md, results.json, *.png}
     energyformer inspect RUN_DIR --prompt TEXT --out DIR    # energy per layer/step/term/token: JSON + PNG
-    energyformer export RUN_DIR [--to DIR] [--as energyformer|llama|gpt2]   # a transformers folder
-    energyformer import-hf HF_DIR [--out RUN_DIR]                            # stock Llama / GPT-2 → a run
+    energyformer export RUN_DIR [--to DIR] [--as energyformer|llama|gpt2] [--verbose]   # a transformers folder
+    energyformer import-hf HF_DIR [--out RUN_DIR] [--verbose]                # stock Llama / GPT-2 → a run
     energyformer eval RUN_DIR [--tasks mmlu_dev,val_loss,TASK] [--limit N] [--out REPORT.json]
 
 Flags may be written with ``-`` or ``_`` (``--max-new-tokens`` = ``--max_new_tokens``). A flag's
@@ -333,7 +333,7 @@ def compare(run_dirs: Sequence[str], out: str | None = None, plot: str | None = 
     return table
 
 
-def export(run_dir: str, to: str | None = None, as_: str = "energyformer") -> Path:
+def export(run_dir: str, to: str | None = None, as_: str = "energyformer", verbose: bool = False) -> Path:
     """Write a trained run as a Hugging Face transformers folder (model, tokenizer, generation config).
 
     ``--as energyformer`` (default) loads with ``import energyformer.hf`` + ``AutoModelForCausalLM``;
@@ -344,6 +344,7 @@ def export(run_dir: str, to: str | None = None, as_: str = "energyformer") -> Pa
         run_dir: run directory with a complete checkpoint.
         to: output folder (default hf/<run directory name>).
         as_: energyformer, llama or gpt2 (also written --as).
+        verbose: show transformers' progress bars.
 
     Returns:
         the output folder.
@@ -354,15 +355,17 @@ def export(run_dir: str, to: str | None = None, as_: str = "energyformer") -> Pa
     """
     from energyformer.hf.export import export_run
 
-    return export_run(run_dir, to if to is not None else Path("hf") / Path(run_dir).name, as_=as_)
+    return export_run(run_dir, to if to is not None else Path("hf") / Path(run_dir).name, as_=as_,
+                      progress=verbose)
 
 
-def import_hf(hf_dir: str, out: str | None = None) -> Path:
+def import_hf(hf_dir: str, out: str | None = None, verbose: bool = False) -> Path:
     """Read a Hugging Face folder (stock Llama or GPT-2, or an energyformer export) into a run directory.
 
     Args:
         hf_dir: folder with config.json, the weights and tokenizer.json.
         out: run directory to write (default out/<folder name>).
+        verbose: show transformers' progress bars.
 
     Returns:
         the run directory.
@@ -373,7 +376,7 @@ def import_hf(hf_dir: str, out: str | None = None) -> Path:
     """
     from energyformer.hf.export import import_hf as read_hf_folder
 
-    return read_hf_folder(hf_dir, out if out is not None else Path("out") / Path(hf_dir).name)
+    return read_hf_folder(hf_dir, out if out is not None else Path("out") / Path(hf_dir).name, progress=verbose)
 
 
 def experiment(name: str, seeds: int = 3, quick: bool = False, results_dir: str = "results",

@@ -325,3 +325,20 @@ def test_an_imported_run_is_fine_tuned_with_init_from(tmp_path, capsys):
     assert main(["train", recipe, "--train.init_from", str(imp), "--train.out_dir", str(tmp_path / "other"), *args,
                  "--model.n_steps", "3"]) == 2
     assert "holds a different model (its vs this run's: {'n_steps': (2, 3)})" in capsys.readouterr().err
+
+
+def test_export_and_import_show_no_progress_bar_unless_verbose(tmp_path, capfd):
+    """transformers draws "Writing model shards" / "Loading weights" bars; our commands turn them
+    off (and restore the setting) unless --verbose is given."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_progress_bar()  # transformers' default, whatever an earlier test left
+    bar = ("it/s]", "█", "Writing model shards", "Loading weights")
+    run = make_run(tmp_path / "run", {"arch": "nrgpt"})
+    assert main(["export", str(run), "--to", str(tmp_path / "hf")]) == 0
+    assert main(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "back")]) == 0
+    out = capfd.readouterr()
+    assert not any(b in out.err + out.out for b in bar), out.err
+    assert hf_logging.is_progress_bar_enabled()  # restored
+    assert main(["export", str(run), "--to", str(tmp_path / "hf2"), "--verbose"]) == 0
+    assert "Writing model shards" in capfd.readouterr().err

@@ -17,6 +17,7 @@ directory that every energyformer command reads (``sample``, ``eval``, ``export`
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,23 @@ from energyformer.utils.io import atomic_write_json
 EXPORT_FORMATS = ("energyformer", "llama", "gpt2")
 #: stock model types :func:`import_hf` reads (besides energyformer_*)
 IMPORT_TYPES = ("llama", "gpt2")
+
+
+@contextlib.contextmanager
+def progress_bars(show: bool):
+    """Inside the block, transformers' and huggingface_hub's progress bars ("Writing model shards",
+    "Loading weights") are off unless ``show``; the setting is restored after. ``show=True``
+    leaves the setting as it is (``HF_HUB_DISABLE_PROGRESS_BARS=1`` still wins)."""
+    from transformers.utils import logging as hf_logging
+
+    turn_off = not show and hf_logging.is_progress_bar_enabled()
+    if turn_off:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if turn_off:
+            hf_logging.enable_progress_bar()
 
 
 def check_complete_run(run_dir: str | Path) -> Path:
@@ -67,7 +85,7 @@ def _check_target(to: Path) -> None:
                          "choose an empty or new folder")
 
 
-def export_run(run_dir: str | Path, to: str | Path, as_: str = "energyformer") -> Path:
+def export_run(run_dir: str | Path, to: str | Path, as_: str = "energyformer", progress: bool = False) -> Path:
     """Write the run's model and tokenizer as a Hugging Face folder ``to``; returns ``to``.
 
     Args:
@@ -76,6 +94,7 @@ def export_run(run_dir: str | Path, to: str | Path, as_: str = "energyformer") -
         as_: ``"energyformer"`` (our model classes, any family), ``"llama"`` (stock Llama: our
             Llama, or CEM at T = 1 with ``rope: llama``, ``interaction: lowrank``, no
             preconditioner) or ``"gpt2"`` (stock GPT-2: our GPT without an LM-head bias).
+        progress: show transformers' progress bars while writing (see :func:`progress_bars`).
 
     Raises:
         ValueError: ``as_`` unknown, an incomplete run, a model the format cannot represent
@@ -106,8 +125,9 @@ def export_run(run_dir: str | Path, to: str | Path, as_: str = "energyformer") -
     hf.generation_config = generation_config(tokenizer, c.vocab_size, use_cache=True)
     hf.config.pad_token_id = tokenizer.pad_token_id
     to.mkdir(parents=True, exist_ok=True)
-    hf.eval().save_pretrained(to)
-    tokenizer.save_pretrained(to)
+    with progress_bars(progress):
+        hf.eval().save_pretrained(to)
+        tokenizer.save_pretrained(to)
     return to
 
 
@@ -120,10 +140,12 @@ def generation_config(tokenizer: Any, vocab_size: int, use_cache: bool) -> Gener
                             suppress_tokens=suppress or None)
 
 
-def import_hf(src: str | Path, out: str | Path) -> Path:
+def import_hf(src: str | Path, out: str | Path, progress: bool = False) -> Path:
     """Read a Hugging Face folder (stock Llama or GPT-2, or one exported by energyformer) into
     the run directory ``out`` (``config.yaml``, ``meta.json``, ``model.safetensors`` and a
-    ``checkpoint.json`` marking it complete; no train state, so it cannot be resumed). Returns ``out``.
+    ``checkpoint.json`` marking it complete; no train state, so it cannot be resumed: fine-tune
+    it with ``train.init_from``). Returns ``out``. ``progress`` shows transformers' progress
+    bars while loading (see :func:`progress_bars`).
 
     The tokenizer is kept: a character tokenizer of ours becomes a ``char`` meta.json, any
     other ``tokenizers`` tokenizer a ``bpe`` one (its JSON inside meta.json).
@@ -143,7 +165,8 @@ def import_hf(src: str | Path, out: str | Path) -> Path:
     if (out / CONFIG_FILE).exists():
         raise ValueError(f"--out {str(out)!r} already holds a run ({CONFIG_FILE}); choose a new folder")
     hf_config = AutoConfig.from_pretrained(src)
-    hf = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    with progress_bars(progress):
+        hf = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
     state = dict(hf.state_dict())
     if isinstance(hf_config, EnergyformerConfig):
         model_config = hf_config.model_config()
