@@ -45,7 +45,7 @@ test-slow: install-test
 	$(VENV)/bin/python -m pytest -m slow
 
 bench: install-test
-	$(VENV)/bin/python benchmarks/bench_models.py
+	PY=$(VENV)/bin/python bash benchmarks/run_all.sh
 
 clean:
 	rm -rf $(VENV) out .pytest_cache
