@@ -160,7 +160,10 @@ def pyplot():
 def finish_axes(ax, xlabel: str, ylabel: str | None = None, logx: bool = False) -> None:
     """Labels, a light grid and the legend of one panel."""
     if logx:
+        from matplotlib.ticker import NullFormatter
+
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels like "2×10⁴" collide on short ranges
     ax.set_xlabel(xlabel)
     if ylabel:
         ax.set_ylabel(ylabel)
