@@ -600,9 +600,20 @@ def _recipe_help(recipe: str) -> str:
     return run_config_parser(get_arch(arch)[1]).format_help()
 
 
+def _report(line: str) -> None:
+    """Print an ``error:`` / ``warning:`` line on stderr; under torchrun once per distinct line,
+    not once per rank (``energyformer.train.distributed.first_report``)."""
+    if os.environ.get("WORLD_SIZE", "1") not in ("", "0", "1"):  # many processes (torch is imported then)
+        from energyformer.train.distributed import first_report
+
+        if not first_report(line):
+            return
+    print(line, file=sys.stderr, flush=True)
+
+
 def _show_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None,
                   line: Any = None) -> None:
-    print(f"warning: {' '.join(str(message).split())}", file=sys.stderr)
+    _report(f"warning: {' '.join(str(message).split())}")
 
 
 def parse_command_line(argv: Sequence[str]) -> tuple[str, dict[str, Any]]:
@@ -660,7 +671,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def fail(e: BaseException, code: int = EXIT_USER_ERROR) -> int:
         if debug:
             traceback.print_exc()
-        print(f"error: {error_line(e)}", file=sys.stderr)
+        _report(f"error: {error_line(e)}")
         return code
 
     with warnings.catch_warnings():

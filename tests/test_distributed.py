@@ -4,7 +4,8 @@
   weights to 1e-6 after 10 steps); FSDP2 the same (on NRGPT: a reused block, scalar parameters);
 - a checkpoint written by FSDP2 loads in one process and resumes under DDP, and one written by
   DDP resumes under FSDP2, both continuing the single-process curve;
-- killing one rank stops the job with a message and leaves the last complete checkpoint intact.
+- killing one rank stops the job with a message and leaves the last complete checkpoint intact;
+- a user error that every rank meets is printed once, not once per rank.
 """
 import os
 import signal
@@ -100,6 +101,30 @@ def test_fsdp2_equals_one_process_and_checkpoints_cross_load(data_dir, tmp_path)
     res = single(r, "--train.out_dir", str(tmp_path / "one"), "--train.grad_accum_steps", "2", *more)
     assert res.returncode == 0, res.stderr[-3000:]
     assert_same_run(tmp_path / "fsdp", tmp_path / "one")
+
+
+def test_an_error_every_rank_meets_is_printed_once(data_dir, tmp_path):
+    res = torchrun(recipe(tmp_path, data_dir, GPT), "--train.out_dir", str(tmp_path / "o"), "--train.batch_size", "0")
+    assert res.returncode != 0
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == ["error: train.batch_size=0 must be >= 1"], res.stderr[-3000:]
+
+
+def test_first_report_lets_one_rank_print_each_message(monkeypatch, tmp_path):
+    import uuid
+
+    from energyformer.train.distributed import first_report
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert first_report("error: x") and first_report("error: x")  # one process prints everything
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", str(uuid.uuid4()))
+    assert first_report("error: x")  # the first rank to fail with it
+    assert not first_report("error: x")  # another rank failing the same way
+    assert first_report("error: y")  # a rank failing differently
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", str(uuid.uuid4()))
+    assert first_report("error: x")  # another job
 
 
 def _rank_pids(parent: int) -> dict[int, int]:

@@ -15,13 +15,20 @@ micro-batches from the shared seeded batch stream (``energyformer.data.BatchSamp
 synchronisation on all but the last micro-batch (:func:`sync_gradients`).
 
 A single process (no ``WORLD_SIZE`` in the environment, or ``WORLD_SIZE=1``) uses none of this.
+
+A user error usually strikes every rank alike (a bad config value, missing data), and each rank
+would print it: :func:`first_report` lets the first rank print a message and the others that
+fail the same way stay quiet (a different message is printed too).
 """
 from __future__ import annotations
 
 import contextlib
 import datetime
 import os
+import tempfile
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterator
 
 import torch
@@ -32,6 +39,7 @@ from energyformer.utils.device import resolve_device
 
 PARALLEL_MODES = ("ddp", "fsdp")
 _TIMEOUT = datetime.timedelta(minutes=10)
+_REPORTS_FRESH_S = 600  # an older record of printed messages belongs to another job
 
 
 @dataclass
@@ -226,3 +234,35 @@ def all_finite(model: nn.Module, info: DistInfo) -> bool:
             ok = False
             break
     return info.all_reduce(0.0 if ok else 1.0, "max") == 0.0
+
+
+def first_report(message: str) -> bool:
+    """Whether this process should print ``message`` (an error or warning line).
+
+    A single process: always. Under torchrun: only the first rank of the machine that reports
+    this exact text; the job's ranks share a small file in the temporary folder (named by
+    torchrun's run id, the launcher's pid and ``MASTER_PORT``; locked while read and written)
+    listing the messages printed so far. Where that file cannot be used, every rank prints:
+    an error is never hidden.
+    """
+    try:
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+            return True
+        import fcntl
+    except (ValueError, ImportError):  # a malformed WORLD_SIZE (named elsewhere); no flock (Windows)
+        return True
+    key = "-".join(os.environ.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "MASTER_PORT")) + f"-{os.getppid()}"
+    path = Path(tempfile.gettempdir()) / f"energyformer-reports-{key}.txt"
+    try:
+        with open(path, "a+", encoding="utf-8") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            if time.time() - os.fstat(f.fileno()).st_mtime > _REPORTS_FRESH_S:
+                f.truncate(0)
+            f.seek(0)
+            if message in f.read().split("\0"):
+                return False
+            f.write(message + "\0")
+            f.flush()
+    except OSError:
+        return True
+    return True
