@@ -25,7 +25,7 @@ import argparse
 import sys
 
 import torch
-from common import MODEL_SHAPES, check_exit, default_out, goal, interleaved_median_ms, write_results
+from common import MODEL_SHAPES, check_exit, default_out, find_name, goal, interleaved_median_ms, profile_table, write_results
 
 from energyformer import build_model
 
@@ -76,6 +76,10 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true", help="exit 1 when a goal is missed (each miss is printed)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--profile", metavar="FAMILY", default=None,
+                    help="print the torch.profiler table of this family's generation of the first --lengths "
+                         "tokens (with the cache; --no-cache: without) and exit")
+    ap.add_argument("--no-cache", action="store_true", help="--profile the uncached generation")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/bench_generate-<device>.json)")
     args = ap.parse_args(argv)
     if args.lengths is None:
@@ -83,6 +87,22 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     families = FAMILIES[:2] if args.quick else FAMILIES
+    if args.profile:
+        key = find_name(args.profile, [n for n, _ in FAMILIES])
+        cfg = {**dict(FAMILIES)[key], **({"d_model": 32} if args.quick else {})}
+        torch.manual_seed(0)
+        model = build_model({**cfg, "vocab_size": args.vocab_size, "block_size": args.block_size}).to(args.device).eval()
+        idx = torch.randint(0, args.vocab_size, (args.batch_size, args.prompt_len), device=args.device)
+        n_new, use_cache = args.lengths[0], not args.no_cache
+
+        def step():
+            gen = torch.Generator(device=args.device).manual_seed(0)
+            model.generate(idx, n_new, temperature=0.8, top_k=40, generator=gen, use_cache=use_cache)
+
+        head = (f"profile of {key!r}: {n_new} new tokens {'with' if use_cache else 'without'} the cache, "
+                f"prompt {args.prompt_len}, batch {args.batch_size}, 1 call, device {args.device}")
+        print(profile_table(step, args.device, head, steps=1))
+        return 0
     rows = []
     for name, cfg in families:
         torch.manual_seed(0)

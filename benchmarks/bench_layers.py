@@ -36,7 +36,8 @@ from typing import Callable
 import torch
 from torch.utils import flop_counter
 
-from common import LAYER_SHAPES, check_exit, default_out, goal, interleaved_median_ms, sync, write_results
+from common import (LAYER_SHAPES, check_exit, default_out, find_name, goal, interleaved_median_ms, profile_table,
+                    write_results)
 
 import energyformer.models.flops  # noqa: F401  (registers the CPU SDPA FLOP formulas)
 from energyformer.layers import CEMBlock, GPTBlock, NRGPTBlock
@@ -227,21 +228,6 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def find_row(name: str, names: list[str]) -> str:
-    """The row called ``name``, or the one row whose name contains it.
-
-    Raises:
-        ValueError: no row, or several rows, match ``name`` (the message lists the rows).
-    """
-    if name in names:
-        return name
-    hits = [k for k in names if name.lower() in k.lower()]
-    if len(hits) == 1:
-        return hits[0]
-    what = "matches several rows" if hits else "matches no row"
-    raise ValueError(f"--profile {name!r} {what}; expected one of: " + "; ".join(hits or names))
-
-
 def parse_shape(text: str) -> tuple[int, int, int, int]:
     """``"d,H,N,B"`` → ``(d, H, N, B)``.
 
@@ -260,21 +246,12 @@ def parse_shape(text: str) -> tuple[int, int, int, int]:
 def profile_row(name: str, shape: tuple[int, int, int, int], device: str, steps: int = 3, row_limit: int = 25) -> str:
     """torch.profiler table of one row's forward + backward at one shape: the top ops by self CPU
     time (and by self CUDA time on a GPU), over ``steps`` steps after two warm-up steps."""
-    from torch.profiler import ProfilerActivity, profile
-
     d, h, n, b = shape
-    key = find_row(name, row_names())
+    key = find_name(name, row_names())
     layers = build_layers(d, h, device, select_rows([key]))
     step = train_step(layers[key], torch.randn(b, n, d, device=device))
-    step(), step()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
-    with profile(activities=activities) as prof:
-        for _ in range(steps):
-            step()
-        sync(device)
-    sort = "self_device_time_total" if device.startswith("cuda") else "self_cpu_time_total"
     head = f"profile of {key!r} at (d, H, N, B) = {shape}, forward + backward, {steps} steps, device {device}"
-    return head + "\n" + prof.key_averages().table(sort_by=sort, row_limit=row_limit)
+    return profile_table(step, device, head, steps, row_limit)
 
 
 def main(argv=None) -> int:

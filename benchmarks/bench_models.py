@@ -39,9 +39,9 @@ from typing import Any, Callable
 
 import torch
 
-from common import (MODEL_SHAPES, ModelShape, autocast, check_exit, default_out, flops_per_s, goal,
-                    interleaved_median_ms, matmul_flops, matmul_step, mfu, model_shape, saved_tensor_bytes,
-                    sync, write_results)
+from common import (MODEL_SHAPES, ModelShape, autocast, check_exit, default_out, find_name, flops_per_s, goal,
+                    interleaved_median_ms, matmul_flops, matmul_step, mfu, model_shape, profile_table,
+                    saved_tensor_bytes, sync, write_results)
 
 from energyformer import build_model
 from energyformer.models.flops import training_flops_per_token
@@ -167,6 +167,26 @@ def compile_model(model, idx, device: str, precision: str) -> tuple[Any, float |
         return compiled, time.perf_counter() - t0, None
     except Exception as e:  # record the failure in the row, keep benchmarking the others
         return None, None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def profile_model(name: str, s: ModelShape, vocab: int, device: str, precision: str, compiled: bool) -> str:
+    """torch.profiler table of one family's training step at shape ``s`` (3 steps after 2 warm-up
+    steps; with ``compiled`` the ``torch.compile(fullgraph=True)`` model, compiled before the warm-up).
+
+    Raises:
+        ValueError: ``name`` matches no family or several.
+    """
+    rows = {n: cfg for n, _, cfg in family_rows(s)}
+    key = find_name(name, list(rows))
+    model = build(rows[key], s, vocab, device)
+    idx = torch.randint(0, vocab, (s.batch_size, s.block_size), device=device)
+    if compiled:
+        model, _, error = compile_model(model, idx, device, precision)
+        if error:
+            raise RuntimeError(f"{key} did not compile: {error}")
+    head = (f"profile of {key!r}{' (compiled)' if compiled else ''} at {s.as_dict()}, training step "
+            f"(forward + backward), 3 steps, device {device}, {precision}")
+    return profile_table(train_step(model, idx, device, precision), device, head)
 
 
 def measure(s: ModelShape, *, vocab: int, repeats: int, device: str, precision: str, compile: bool,
@@ -298,6 +318,9 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--check", action="store_true", help="exit 1 when a goal is missed (each miss is printed)")
+    ap.add_argument("--profile", metavar="ROW", default=None,
+                    help="print the torch.profiler table of this family's training step (name or unique part of "
+                         "it; the compiled model with --compile) and exit")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/bench_models-<shape>-<device>.json)")
     args = ap.parse_args(argv)
     if args.threads:
@@ -315,6 +338,9 @@ def main(argv=None) -> int:
     shape = ModelShape(**{**shape.as_dict(), **{k: v for k, v in (("batch_size", args.batch_size),
                                                                  ("block_size", args.block_size)) if v}})
     precision = args.precision if args.precision != "auto" else ("bf16" if args.device.startswith("cuda") else "fp32")
+    if args.profile:
+        print(profile_model(args.profile, shape, args.vocab_size, args.device, precision, args.compile))
+        return 0
     result = measure(shape, vocab=args.vocab_size, repeats=args.repeats, device=args.device, precision=precision,
                      compile=args.compile, peak_n=args.peak_n, checkpoint=not args.no_checkpointing,
                      only=args.rows.split(",") if args.rows else None)

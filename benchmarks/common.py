@@ -194,6 +194,36 @@ def saved_tensor_bytes(fn: Callable[[], Any], exclude: Any = ()) -> int:
 _OPS = {"<=": operator.le, ">=": operator.ge}
 
 
+def find_name(name: str, names: list[str], option: str = "--profile") -> str:
+    """The entry called ``name``, or the one entry whose name contains it (case-insensitive).
+
+    Raises:
+        ValueError: no entry, or several, match ``name`` (the message lists them).
+    """
+    if name in names:
+        return name
+    hits = [k for k in names if name.lower() in k.lower()]
+    if len(hits) == 1:
+        return hits[0]
+    what = "matches several rows" if hits else "matches no row"
+    raise ValueError(f"{option} {name!r} {what}; expected one of: " + "; ".join(hits or names))
+
+
+def profile_table(step: Callable[[], Any], device: str, head: str, steps: int = 3, row_limit: int = 25) -> str:
+    """``head`` and the torch.profiler table of ``steps`` calls of ``step`` (after two warm-up
+    calls): the top ops by self CPU time (self device time on a GPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step(), step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        sync(device)
+    sort = "self_device_time_total" if device.startswith("cuda") else "self_cpu_time_total"
+    return head + "\n" + prof.key_averages().table(sort_by=sort, row_limit=row_limit)
+
+
 def goal(name: str, value: float, op: str, target: float) -> dict[str, Any]:
     """One goal of a row: ``value op target`` with ``met`` evaluated (``op`` is ``<=`` or ``>=``).
 

@@ -133,6 +133,17 @@ def test_bench_layers_profile_prints_the_op_table(bench, capsys):
     assert "Self CPU" in out and "aten::" in out
 
 
+def test_bench_models_and_generate_profile_one_row(bench, capsys):
+    assert bench["bench_models"].main(["--quick", "--profile", "nrgpt ff1"]) == 0
+    out = capsys.readouterr().out
+    assert "profile of 'nrgpt ff1' at" in out and "training step" in out and "aten::" in out
+    assert bench["bench_generate"].main(["--quick", "--profile", "llama", "--lengths", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "profile of 'llama': 4 new tokens with the cache" in out and "aten::" in out
+    with pytest.raises(ValueError, match="'cem' matches several rows"):
+        bench["bench_models"].main(["--quick", "--profile", "cem"])
+
+
 def test_bench_models_quick(bench, tmp_path):
     out = tmp_path / "models.json"
     assert bench["bench_models"].main(["--quick", "--rows", "cem T=1,nrgpt ff1", "--out", str(out)]) == 0
