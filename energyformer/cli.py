@@ -284,6 +284,8 @@ def info(recipe: str, overrides: Sequence[str] = ()) -> str:
     from energyformer.runs.rundir import CONFIG_FILE, run_config_path
 
     expected = "a recipe YAML file"
+    if not Path(recipe).exists():
+        raise FileNotFoundError(f"{recipe!r} does not exist; expected {expected} or a run directory holding {CONFIG_FILE}")
     if Path(recipe).is_dir():
         recipe = str(run_config_path(recipe, alternative=expected))
     elif Path(recipe).suffix in (".safetensors", ".pt", ".bin") and Path(recipe).is_file():

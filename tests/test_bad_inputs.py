@@ -198,7 +198,10 @@ CLI_CASES = [
     ("info-weights-file", lambda c: ["info", str(c.run / "checkpoints/step-00000002/model.safetensors")],
      r"model\.safetensors' is a weights file; expected a recipe YAML file or a run directory holding config\.yaml "
      r"\(this file is in the run directory '.*run': energyformer info .*run\)$"),
-    ("info-recipe-missing", lambda c: ["info", str(c.root / "nope.yaml")], r"config file .*nope\.yaml' does not exist"),
+    ("info-recipe-missing", lambda c: ["info", str(c.root / "nope.yaml")],
+     r"'.*nope\.yaml' does not exist; expected a recipe YAML file or a run directory holding config\.yaml$"),
+    ("info-run-directory-missing", lambda c: ["info", str(c.root / "norun")],
+     r"'.*norun' does not exist; expected a recipe YAML file or a run directory holding config\.yaml$"),
     ("compare-run-missing", lambda c: ["compare", str(c.root / "norun")], r"summary\.json'? not found"),
     ("compare-plot-without-matplotlib", _no_matplotlib, r"needs the optional package 'matplotlib', which is not installed; pip install 'energyformer\[viz\]'"),
     ("prepare-unknown-dataset", lambda c: ["prepare", "tinystories", "--out_root", str(c.root / "d")],
