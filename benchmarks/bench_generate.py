@@ -25,7 +25,7 @@ import argparse
 import sys
 
 import torch
-from common import MODEL_SHAPES, check_exit, default_out, find_name, goal, interleaved_median_ms, profile_table, write_results
+from common import MODEL_SHAPES, check_exit, run_main, default_out, find_name, goal, interleaved_median_ms, profile_table, write_results
 
 from energyformer import build_model
 
@@ -133,4 +133,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -36,7 +36,7 @@ from typing import Callable
 import torch
 from torch.utils import flop_counter
 
-from common import (LAYER_SHAPES, check_exit, default_out, find_name, goal, interleaved_median_ms, profile_table,
+from common import (LAYER_SHAPES, check_exit, run_main, default_out, find_name, goal, interleaved_median_ms, profile_table,
                     write_results)
 
 import energyformer.models.flops  # noqa: F401  (registers the CPU SDPA FLOP formulas)
@@ -273,6 +273,8 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     shapes_name = "tiny" if args.quick else args.shapes
+    if args.profile_shape and not args.profile:
+        raise ValueError(f"--profile-shape {args.profile_shape!r} needs --profile ROW (it is the shape of the profile)")
     if args.profile:
         shape = parse_shape(args.profile_shape) if args.profile_shape else LAYER_SHAPES[shapes_name][0]
         print(profile_row(args.profile, shape, args.device))
@@ -288,4 +290,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

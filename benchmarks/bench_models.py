@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 import torch
 
-from common import (MODEL_SHAPES, ModelShape, autocast, check_exit, default_out, find_name, flops_per_s, goal,
+from common import (MODEL_SHAPES, ModelShape, autocast, check_exit, run_main, default_out, find_name, flops_per_s, goal,
                     interleaved_median_ms, matmul_flops, matmul_step, mfu, model_shape, profile_table,
                     saved_tensor_bytes, sync, write_results)
 
@@ -355,4 +355,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

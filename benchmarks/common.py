@@ -194,6 +194,16 @@ def saved_tensor_bytes(fn: Callable[[], Any], exclude: Any = ()) -> int:
 _OPS = {"<=": operator.le, ">=": operator.ge}
 
 
+def run_main(main: Callable[[], int]) -> int:
+    """Run a script's ``main``; a bad argument or input (``ValueError``, ``FileNotFoundError``) is
+    one ``error:`` line on stderr and exit status 2 instead of a traceback."""
+    try:
+        return main()
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
 def find_name(name: str, names: list[str], option: str = "--profile") -> str:
     """The entry called ``name``, or the one entry whose name contains it (case-insensitive).
 

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from common import run_main
+
 RESULTS = Path(__file__).resolve().parent / "results"
 ORDER = ["bench_layers", "bench_models", "bench_generate"]
 Column = tuple[str, Callable[[dict[str, Any]], str]]
@@ -151,6 +153,9 @@ def result_files(paths: list[str], results: str | Path) -> list[Path]:
             if not f.is_file():
                 raise FileNotFoundError(f"results file {f} does not exist")
     else:
+        if not Path(results).is_dir():
+            raise FileNotFoundError(f"results folder {results} does not exist; expected the folder the benchmark "
+                                    "scripts write (default benchmarks/results)")
         files = sorted(Path(results).glob("*.json"))
         if not files:
             raise FileNotFoundError(f"no *.json in {results}; run the benchmarks first (benchmarks/run_all.sh)")
@@ -166,6 +171,10 @@ def report(files: list[Path]) -> str:
             data = json.loads(f.read_text())
         except json.JSONDecodeError as e:
             raise ValueError(f"{f} is not valid JSON ({e}); expected a file written by a benchmark script") from e
+        if not isinstance(data, dict) or not {"env", "settings", "rows"} <= set(data):
+            keys = sorted(data) if isinstance(data, dict) else type(data).__name__
+            raise ValueError(f"{f} is not a benchmark result: it holds {keys}; expected the keys env, settings "
+                             "and rows that the benchmark scripts write")
         sections.append(render(data, f))
     return "\n\n".join(sections) + "\n"
 
@@ -186,4 +195,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -238,3 +238,17 @@ def test_report_says_what_is_missing(bench, tmp_path):
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(ValueError, match="bad.json is not valid JSON"):
         bench["report"].main(["--results", str(tmp_path)])
+
+
+def test_bad_arguments_are_one_error_line(bench, tmp_path, capsys):
+    """A bad argument or input file is one ``error:`` line and exit 2, not a traceback."""
+    run_main = bench["common"].run_main
+    assert run_main(lambda: bench["bench_layers"].main(["--quick", "--profile", "nosuch"])) == 2
+    assert run_main(lambda: bench["bench_layers"].main(["--quick", "--profile-shape", "1,2"])) == 2
+    assert run_main(lambda: bench["report"].main(["--results", str(tmp_path / "missing")])) == 2
+    (tmp_path / "x.json").write_text('{"a": 1}')
+    assert run_main(lambda: bench["report"].main(["--results", str(tmp_path)])) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 4 and all(line.startswith("error: ") for line in err)
+    assert "'nosuch' matches no row" in err[0] and "needs --profile ROW" in err[1]
+    assert "does not exist" in err[2] and "is not a benchmark result" in err[3]
