@@ -107,8 +107,8 @@ def run(ctx: Context) -> dict[str, Any]:
     ax.set_ylim(-0.02, 1.02)
     finish_axes(ax, "parameters", "held-out accuracy", logx=True)
     save_figure(ctx, fig, "accuracy_vs_params.png")
-    header = (f"ListOps held-out accuracy (greedy final answer, {len(problems)} test problems, ± standard error "
-              f"or ± std over {ctx.seeds} seeds).")
+    spread = "± standard error (1 seed)" if ctx.seeds == 1 else f"± std over {ctx.seeds} seeds"
+    header = f"ListOps held-out accuracy (greedy final answer, {len(problems)} test problems, {spread})."
     return write_results(ctx, table, {"rows": results, "transition": trans}, names, header)
 
 
