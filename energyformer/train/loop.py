@@ -114,6 +114,8 @@ def _train(run_cfg: RunConfig, info: dist.DistInfo, progress: bool | None) -> di
     say: Callable[[str], None] = tqdm.write if show else (lambda msg: None)
 
     # --- everything knowable, checked before anything is written ----------------------------------
+    if tc.resume == "auto" and ckpt.find_checkpoint(out_dir) is not None:
+        _require_train_state(out_dir)  # an import-hf run: say how to fine-tune it before the data is read
     data_dir = run_cfg.data.path
     meta = load_meta(data_dir)
     if int(meta["vocab_size"]) > mc.vocab_size:
@@ -467,7 +469,7 @@ def _check_init_from(init_dir: Path, run_cfg: RunConfig, meta: dict[str, Any], o
     if diff:
         raise ValueError(f"train.init_from={str(init_dir)!r} holds a different model (its vs this run's: {diff}); "
                          f"train with its model section, e.g. energyformer train {init_dir / rundir.CONFIG_FILE} "
-                         f"--train.init_from {init_dir} ...")
+                         f"--train.init_from {init_dir} --train.out_dir NEW_RUN_DIR --data.dataset NAME")
     if (init_dir / rundir.META_FILE).is_file():
         saved_meta = rundir.read_run_meta(init_dir)
         change = identity_change(vocab_identity(saved_meta), vocab_identity(meta), saved_meta, meta)
