@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=1)
     ap.add_argument("--block-size", type=int, default=1024)
     ap.add_argument("--vocab-size", type=int, default=74)
-    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="d_model 32, 2 families, 16 new tokens (smoke test)")
     ap.add_argument("--check", action="store_true", help="exit 1 when a goal is missed (each miss is printed)")
     ap.add_argument("--device", default="cpu")

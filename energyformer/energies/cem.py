@@ -63,6 +63,13 @@ def _softmax_dtype(dt: torch.dtype) -> torch.dtype:
     return torch.promote_types(dt, torch.float32)
 
 
+def _neg_matmul(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``−(a @ w)``, negating whichever of the activation ``a`` (…, k) and the weight ``w`` (k, d)
+    is smaller: the weight in training (B·N rows), the one-token activation in cached decoding,
+    where negating a d_ff × d weight per token cost more than the product itself."""
+    return -(a @ w) if a.numel() < w.numel() else a @ (-w)
+
+
 def diag_mode_of(diag: torch.Tensor | None) -> str:
     """The D+LR form a ``diag`` argument holds: ``"none"`` (None), ``"shared"`` (d,) or ``"per_head"`` (H, d).
 
@@ -195,7 +202,7 @@ def interaction_grad(g: torch.Tensor, h_ctx: torch.Tensor, w_q: torch.Tensor | N
     s_len = (ctx.k if ctx.k is not None else h).shape[-2]  # = n without a cache; queries: the last n
     causal = {"is_causal": True} if s_len == n else sdpa_causal_kwargs(n, s_len, g.device)
     scale = 1.0 / tau
-    # The minus sign of the gradient is put on the (small) weights, not on the (B, N, d) activations.
+    # The minus sign goes on the smaller operand: the weights in training, the activations when decoding.
     if w_q is None:  # diagonal-only heads: q = d_k ⊙ g, k = v = ĥ
         dq = diag[None, :, None, :] * g[:, None]
         hk = h[:, None].expand(b, n_heads, s_len, d)
@@ -231,7 +238,7 @@ def interaction_grad(g: torch.Tensor, h_ctx: torch.Tensor, w_q: torch.Tensor | N
         diag_term = ((-diag)[None, :, None, :] * o2).sum(1)
     if ctx.rope is not None and ctx.rope_mode == "exact":
         y = apply_rope(y, *ctx.rope, inverse=True)  # R_iᵀ: back to the query's frame
-    grad = merge_heads(y) @ (-w_q)
+    grad = _neg_matmul(merge_heads(y), w_q)
     if diag_term is not None:
         grad = grad + diag_term
     return grad
@@ -380,8 +387,8 @@ def gated_mlp_grad(g: torch.Tensor, h_ctx: torch.Tensor, w_gate: torch.Tensor, w
     _check_mlp(g, h_ctx, w_gate, w_up, tie)
     c = context if context is not None else gated_mlp_context(h_ctx, w_gate, w_up, tie)
     if tie == "gate":
-        return (c * F.silu(g @ w_gate.t())) @ (-w_gate)
-    return (c * (g @ w_up.t())) @ (-w_up)
+        return _neg_matmul(c * F.silu(g @ w_gate.t()), w_gate)
+    return _neg_matmul(c * (g @ w_up.t()), w_up)
 
 
 # ----------------------------------------------------------------------------- norm Jacobian
