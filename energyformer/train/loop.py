@@ -399,8 +399,7 @@ def _resume_dir(tc: TrainConfig, out_dir: Path) -> Path | None:
     if tc.resume == "never":
         return None
     if tc.resume == "auto":
-        if ckpt.find_checkpoint(out_dir) is not None:
-            _require_train_state(out_dir)
+        if ckpt.find_checkpoint(out_dir) is not None:  # its train state was checked before the data was read
             return out_dir
         left = ckpt.has_checkpoint_files(out_dir)
         if left:
