@@ -9,7 +9,7 @@ built from their signatures and docstrings with jsonargparse.
     energyformer info RECIPE.yaml|RUN_DIR [--section.key value ...]
     energyformer compare RUN_DIR [RUN_DIR ...] [--out TABLE.md|TABLE.json] [--plot CURVES.png]
     energyformer prepare listops|gp|english [--seed S] [--tokenizer gpt2] [--text FILE]  # the experiments' data
-    energyformer experiment NAME [--seeds 3] [--quick]      # results/NAME/{table.md, results.json, *.png}
+    energyformer experiment NAME [--seeds K] [--quick] [--profile paper]  # results/NAME/{table.md, ...}
     energyformer inspect RUN_DIR --prompt TEXT --out DIR    # energy per layer/step/term/token: JSON + PNG
     energyformer export RUN_DIR [--to DIR] [--as energyformer|llama|gpt2] [--verbose]   # a transformers folder
     energyformer import-hf HF_DIR [--out RUN_DIR] [--verbose]                # stock Llama / GPT-2 → a run
@@ -381,8 +381,8 @@ def import_hf(hf_dir: str, out: str | None = None, verbose: bool = False) -> Pat
     return read_hf_folder(hf_dir, out if out is not None else Path("out") / Path(hf_dir).name, progress=verbose)
 
 
-def experiment(name: str, seeds: int = 3, quick: bool = False, results_dir: str = "results",
-               work_dir: str = "out/experiments", data_root: str = "data") -> str:
+def experiment(name: str, seeds: int | None = None, quick: bool = False, results_dir: str = "results",
+               work_dir: str = "out/experiments", data_root: str = "data", profile: str = "cpu") -> str:
     """Run one of the papers' experiments and print its table (results/NAME/{table.md, results.json, *.png}).
 
     Experiments: cem_ablation, gp_recursion, listops_transition, shakespeare_scaling,
@@ -391,8 +391,10 @@ def experiment(name: str, seeds: int = 3, quick: bool = False, results_dir: str 
 
     Args:
         name: the experiment.
-        seeds: seeds per configuration.
-        quick: tiny sizes (seconds; tests the pipeline, not the science).
+        seeds: seeds per configuration (default: the experiment's own, given in its docstring).
+        quick: tiny sizes (seconds; tests the pipeline, not the science); writes under
+            work_dir/quick-results, never into results_dir.
+        profile: "cpu" (sized for 2 CPU cores) or "paper" (the published protocol, for GPUs).
         results_dir: parent of NAME/ (table, results, plots, run summaries).
         work_dir: where the runs' directories go.
         data_root: where the prepared datasets are (energyformer prepare english|listops|gp|shakespeare_char).
@@ -407,7 +409,7 @@ def experiment(name: str, seeds: int = 3, quick: bool = False, results_dir: str 
     from energyformer.experiments import run_experiment
 
     return run_experiment(name, seeds=seeds, quick=quick, results_dir=results_dir, work_dir=work_dir,
-                          data_root=data_root)["table"]
+                          data_root=data_root, profile=profile)["table"]
 
 
 def inspect_energy(run_dir: str, prompt: str = "\n", out: str | None = None, n_steps: int | None = None,

@@ -229,6 +229,23 @@ def test_lr_schedule():
     assert [lr_at(s, const) for s in (0, 2, 1000)] == pytest.approx([0.5 / 3, 0.5, 0.5])
 
 
+def test_wsd_schedule():
+    """warmup-stable-decay: constant until the cooldown, then linear to min_lr at lr_decay_steps."""
+    cfg = TrainConfig(learning_rate=1.0, min_lr=0.0, warmup_steps=10, max_steps=100, lr_schedule="wsd")
+    assert cfg.cooldown_steps == 10  # default: a tenth of lr_decay_steps
+    assert [lr_at(s, cfg) for s in (9, 10, 50, 90)] == pytest.approx([10 / 11, 1.0, 1.0, 1.0])
+    assert [lr_at(s, cfg) for s in (95, 100, 200)] == pytest.approx([0.5, 0.0, 0.0])
+    lrs = [lr_at(s, cfg) for s in range(10, 101)]
+    assert all(a >= b for a, b in zip(lrs, lrs[1:]))
+    long = TrainConfig(learning_rate=2.0, min_lr=0.2, max_steps=1000, lr_decay_steps=600, lr_schedule="wsd",
+                       cooldown_steps=100, warmup_steps=0)
+    assert [lr_at(s, long) for s in (500, 550, 600, 900)] == pytest.approx([2.0, 1.1, 0.2, 0.2])
+    with pytest.raises(ValueError, match="cooldown_steps=5 needs train.lr_schedule='wsd'"):
+        TrainConfig(cooldown_steps=5)
+    with pytest.raises(ValueError, match="cooldown_steps"):
+        TrainConfig(lr_schedule="wsd", cooldown_steps=-1)
+
+
 def _tiny_arch(arch):
     kw = dict(arch=arch, d_model=16, n_heads=2)
     names = {f.name for f in dataclasses.fields(get_arch(arch)[1])}

@@ -19,24 +19,34 @@ EXPERIMENTS = ("cem_ablation", "gp_recursion", "listops_transition", "shakespear
                "inference_steps")
 
 
-def run_experiment(name: str, seeds: int = 3, quick: bool = False, results_dir: str | Path = "results",
+PROFILES = ("cpu", "paper")
+
+
+def run_experiment(name: str, seeds: int | None = None, quick: bool = False, results_dir: str | Path = "results",
                    work_dir: str | Path = "out/experiments", data_root: str | Path = "data",
-                   verbose: bool = True) -> dict[str, Any]:
+                   verbose: bool = True, profile: str = "cpu") -> dict[str, Any]:
     """Run the experiment ``name`` (see :mod:`energyformer.experiments.common` for the options).
 
     Returns:
         its results (also in ``results_dir/NAME/results.json``), with the Markdown ``"table"``.
 
     Raises:
-        ValueError: unknown ``name``, ``seeds < 1``.
+        ValueError: unknown ``name`` or ``profile``, ``seeds < 1``.
         FileNotFoundError: (full runs) the experiment's dataset is not prepared.
     """
     from energyformer.experiments.common import Context
 
     check_choice("experiment", name, EXPERIMENTS)
-    check_int("seeds", seeds, 1)
+    check_choice("profile", profile, PROFILES)
+    if seeds is not None:
+        check_int("seeds", seeds, 1)
     ctx = Context(name=name, seeds=seeds, quick=quick, results_dir=Path(results_dir), work_dir=Path(work_dir),
-                  data_root=Path(data_root), verbose=verbose)
+                  data_root=Path(data_root), verbose=verbose, profile=profile)
+    if profile == "paper":
+        from energyformer.experiments.profiles import run_profile
+
+        return run_profile(ctx)
     module = importlib.import_module(f"energyformer.experiments.{name}")
-    ctx.say(f"experiment {name}: {seeds} seed(s){' (quick)' if quick else ''}; runs in {ctx.runs}")
+    ctx.say(f"experiment {name}: {'default' if seeds is None else seeds} seed(s){' (quick)' if quick else ''}; "
+            f"runs in {ctx.runs}, results in {ctx.out}")
     return module.run(ctx)

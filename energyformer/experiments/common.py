@@ -1,25 +1,64 @@
-"""What every experiment shares: where its data and runs live, training that resumes finished
-runs, mean ± std over seeds, and writing ``results/NAME/{table.md, results.json, *.png}``.
+"""What every experiment shares: runs built from recipe files plus sweep overrides, training that
+reuses finished runs, learning-rate sweeps, convergence measurement, mean ± std over seeds, and
+writing ``results/NAME/{table.md, results.json, *.png, runs/<run>/}``.
 
 An experiment is a module of this package with ``run(ctx) -> dict`` (its ``"table"`` is the
 Markdown printed and written); :class:`Context` carries the options of
-``energyformer experiment NAME [--seeds 3] [--quick]``. With ``quick`` every size shrinks (tiny
-data made in the work directory, tiny models, tens of steps): it tests the pipeline, not the science.
+``energyformer experiment NAME [--seeds K] [--quick]``.
+
+Runs. Every run is ``recipe file + overrides`` (:func:`resolve`): the recipe under ``configs/``
+gives the model and the optimizer, the experiment gives only what it sweeps (width, seed, LR,
+steps, the option under study). A finished run's record (``summary.json``, ``config.yaml``,
+``metrics.jsonl`` and, where an analysis needs the model, ``model.safetensors`` + ``meta.json``)
+is copied into ``results/NAME/runs/<run>/`` as soon as it finishes, so a later call of the same
+command (another session, another machine) reuses it instead of training it again
+(:func:`train_or_resume`).
+
+Quick mode. ``--quick`` applies one override (:data:`QUICK`: tiny widths, tens of steps, a tiny
+corpus made in the work directory) and writes into ``WORK/quick-results/NAME``, never into
+``results/``: it tests the pipeline, not the science.
+
+Convergence. :func:`convergence` fits a line to the validation loss over the last 30% of the
+steps before the learning-rate cooldown and calls a run *converged* when the fitted loss fell by
+less than :data:`PLATEAU_REL` (1%) of its value across that window (docs/experiments.md §1).
 """
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
 from energyformer.runs.config import load_config
-from energyformer.runs.rundir import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, read_run_config, read_summary
+from energyformer.runs.recipe import deep_merge, read_recipe
+from energyformer.runs.rundir import (CONFIG_FILE, META_FILE, METRICS_FILE, SUMMARY_FILE, read_run_config,
+                                      read_summary)
 from energyformer.utils.io import atomic_write_json, atomic_write_text
+
+#: the recipe folder of the repository (experiments are defined as recipes + overrides)
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+#: the one quick-mode override (keys a recipe's model does not have are skipped)
+QUICK: dict[str, dict[str, Any]] = {
+    "model": {"d_model": 16, "n_heads": 2, "d_ff": 48, "n_layers": 2, "block_size": 32},
+    "train": {"max_steps": 20, "batch_size": 4, "warmup_steps": 2, "eval_interval": 5, "eval_iters": 2,
+              "log_interval": 5, "num_threads": 1},
+}
+
+#: run-time options that do not change what a run computes (ignored when matching a finished run)
+RUNTIME_KEYS = ("out_dir", "num_threads", "device", "resume", "tensorboard", "compile", "init_from")
+
+#: converged: the fitted validation loss fell by less than this fraction across the window
+PLATEAU_REL = 0.01
+#: the window: this last fraction of the steps before the cooldown
+WINDOW = 0.3
+
+DIVERGED_FILE = "diverged.json"
 
 
 @dataclass
@@ -28,26 +67,39 @@ class Context:
 
     Args:
         name: the experiment's name (its results folder).
-        seeds: seeds per configuration (``1 … seeds`` are used as ``train.seed``).
-        quick: tiny sizes (seconds), for tests of the pipeline.
-        results_dir: parent of ``NAME/`` with the table, results and plots.
-        work_dir: where runs go (``WORK/NAME/<run>``) and, for ``quick``, the tiny data.
+        seeds: seeds per configuration (``1 … seeds`` are used as ``train.seed``); ``None``: the
+            experiment's own default.
+        quick: tiny sizes (seconds), for tests of the pipeline; results go to the work directory.
+        results_dir: parent of ``NAME/`` with the table, results, plots and run records.
+        work_dir: where runs train (``WORK/NAME/<run>``) and, for ``quick``, the tiny data.
         data_root: where the full-size prepared datasets are (``energyformer prepare …``).
         verbose: print a line per run.
+        profile: ``"cpu"`` (the protocol sized for 2 CPU cores) or ``"paper"`` (the published
+            setting, for GPUs; see :mod:`energyformer.experiments.profiles`).
     """
 
     name: str
-    seeds: int = 3
+    seeds: int | None = None
     quick: bool = False
     results_dir: Path = Path("results")
     work_dir: Path = Path("out/experiments")
     data_root: Path = Path("data")
     verbose: bool = True
+    profile: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.quick:  # never into results/: quick runs test the pipeline
+            self.results_dir = Path(self.work_dir) / "quick-results"
 
     @property
     def out(self) -> Path:
         """``results_dir/NAME``."""
         return Path(self.results_dir) / self.name
+
+    @property
+    def records(self) -> Path:
+        """``results_dir/NAME/runs``: the committed records of finished runs."""
+        return self.out / "runs"
 
     @property
     def runs(self) -> Path:
@@ -58,53 +110,249 @@ class Context:
         if self.verbose:
             print(msg, flush=True)
 
-    def seed_list(self) -> list[int]:
-        return list(range(1, self.seeds + 1))
+    def seed_list(self, default: int = 3) -> list[int]:
+        """``[1 … seeds]`` (``default`` seeds when none were asked for; 1 in quick mode)."""
+        n = self.seeds if self.seeds is not None else (1 if self.quick else default)
+        return list(range(1, n + 1))
 
 
-def same_config(run_dir: Path, cfg: dict[str, Any]) -> bool:
-    """Whether ``run_dir`` holds a finished run (``summary.json``) of exactly the config ``cfg``."""
-    if not (run_dir / SUMMARY_FILE).is_file() or not (run_dir / CONFIG_FILE).is_file():
+# --------------------------------------------------------------------------------------------
+# run configs: recipe + overrides
+# --------------------------------------------------------------------------------------------
+
+def resolve(ctx: Context, recipe: str, *overrides: Mapping[str, Any], data: Mapping[str, Any] | None = None
+            ) -> dict[str, Any]:
+    """The run config of ``configs/<recipe>`` with ``overrides`` merged in order (later wins).
+
+    ``data`` replaces the recipe's data section (quick mode: the experiment's tiny data); else the
+    recipe's dataset is read from ``ctx.data_root``. In quick mode :data:`QUICK` is merged last
+    (only keys the model already has). The CPU profile runs on the CPU.
+
+    Raises:
+        FileNotFoundError: the recipe does not exist.
+    """
+    cfg = read_recipe(CONFIGS / recipe)
+    for o in overrides:
+        cfg = deep_merge(cfg, o)
+    if ctx.quick:
+        quick_model = {k: v for k, v in QUICK["model"].items() if k in cfg.get("model", {})}
+        cfg = deep_merge(cfg, {"model": quick_model, "train": QUICK["train"]})
+    if data is not None:
+        cfg["data"] = dict(data)
+    else:
+        cfg["data"] = {**cfg.get("data", {}), "root": str(ctx.data_root)}
+    if ctx.profile == "cpu":
+        cfg.setdefault("train", {})["device"] = "cpu"
+    return cfg
+
+
+def schedule(ctx: Context, max_steps: int, learning_rate: float, *, cooldown: float = 0.1, evals: int = 50,
+             warmup_steps: int = 100, eval_iters: int = 10) -> dict[str, Any]:
+    """The ``train`` overrides of a constant-LR run with a linear cooldown (``lr_schedule: wsd``)
+    over the last ``cooldown`` of ``max_steps`` to ``learning_rate / 10``, evaluated ``evals``
+    times (a learning curve), with the decay horizon set explicitly (quick mode: :data:`QUICK`'s
+    steps)."""
+    if ctx.quick:
+        max_steps, evals = QUICK["train"]["max_steps"], 4
+    return {"max_steps": max_steps, "learning_rate": learning_rate, "min_lr": learning_rate / 10,
+            "lr_schedule": "wsd", "lr_decay_steps": max_steps, "cooldown_steps": int(round(cooldown * max_steps)),
+            "warmup_steps": min(warmup_steps, max_steps // 10), "eval_interval": max(1, max_steps // evals),
+            "eval_iters": eval_iters, "log_interval": max(1, min(50, max_steps // evals))}
+
+
+def _comparable(d: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if k not in RUNTIME_KEYS}
+
+
+def same_config(run_dir: Path, cfg: Mapping[str, Any]) -> bool:
+    """Whether ``run_dir`` holds a finished run (``summary.json`` or a divergence record) of the
+    config ``cfg``: the same model, data and training options, run-time options aside."""
+    if not (run_dir / CONFIG_FILE).is_file():
+        return False
+    if not ((run_dir / SUMMARY_FILE).is_file() or (run_dir / DIVERGED_FILE).is_file()):
         return False
     try:
-        saved = read_run_config(run_dir)
+        saved = read_run_config(run_dir).to_dict()
     except (ValueError, FileNotFoundError):
         return False
-    want = load_config(cfg, resolve_vocab=True)
-    return saved.model == want.model and saved.train == want.train and saved.data.path == want.data.path
+    want = load_config(dict(cfg), resolve_vocab=True).to_dict()
+    return (saved["model"] == want["model"] and _comparable(saved["train"]) == _comparable(want["train"])
+            and Path(saved["data"]["path"]) == Path(want["data"]["path"]))
 
 
-def train_or_resume(ctx: Context, run: str, cfg: dict[str, Any]) -> dict[str, Any]:
-    """Train the run config ``cfg`` (a recipe dict) into ``ctx.runs/run``, or read its summary if that run
-    already finished with the same config. ``arch: regressor`` goes to the regression loop.
+# --------------------------------------------------------------------------------------------
+# training with records
+# --------------------------------------------------------------------------------------------
+
+def record_dir(ctx: Context, run: str) -> Path:
+    """Where a run can be loaded from: its record if it holds the weights, else its work directory."""
+    rec = ctx.records / run
+    return rec if (rec / "model.safetensors").is_file() else ctx.runs / run
+
+
+def _save_record(ctx: Context, run: str, keep_weights: bool) -> None:
+    src, dst = ctx.runs / run, ctx.records / run
+    dst.mkdir(parents=True, exist_ok=True)
+    files = [SUMMARY_FILE, CONFIG_FILE, METRICS_FILE, DIVERGED_FILE]
+    if keep_weights:
+        files += [META_FILE, "model.safetensors"]
+    for f in files:
+        if (src / f).is_file():
+            shutil.copyfile(src / f, dst / f)
+
+
+def train_or_resume(ctx: Context, run: str, cfg: Mapping[str, Any], keep_weights: bool = False
+                    ) -> dict[str, Any]:
+    """Train ``cfg`` into ``ctx.runs/run``, unless a finished run of the same config is recorded in
+    ``ctx.records/run`` or sits in the work directory; then record it (weights too with
+    ``keep_weights``, for analyses that load the model).
 
     Returns:
-        the run's summary (``energyformer.train.train``'s).
+        the run's summary; ``{"diverged": True, "message": …}`` for a run whose loss became NaN/Inf
+        (recorded too, so it is not retried).
     """
-    out = ctx.runs / run
-    # quick runs are tiny: one thread avoids the synchronisation cost that dominates them on shared cores
-    threads = {"num_threads": 1} if ctx.quick else {}
-    cfg = {**cfg, "train": {**cfg.get("train", {}), **threads, "out_dir": str(out)}}
-    if same_config(out, cfg):
-        ctx.say(f"  {run}: finished earlier, reusing {out}")
-        return read_summary(out)
+    from energyformer.train.loop import TrainingDivergedError
+
+    rec, out = ctx.records / run, ctx.runs / run
+    cfg = {**cfg, "train": {**cfg.get("train", {}), "out_dir": str(out)}}
+    for where in (rec, out):
+        if same_config(where, cfg) and (not keep_weights or (where / "model.safetensors").is_file()):
+            if where == out:
+                _save_record(ctx, run, keep_weights)
+            ctx.say(f"  {run}: finished earlier, reusing {where}")
+            return _read_outcome(where)
     run_cfg = load_config(cfg, resolve_vocab=True)
     n_threads = torch.get_num_threads()
     try:
-        if run_cfg.model.arch == "regressor":
-            from energyformer.experiments.regression_train import train_regressor
-
-            summary = train_regressor(run_cfg)
-        else:
-            from energyformer.train.loop import train
-
-            summary = train(run_cfg, progress=False)
+        summary = _train(run_cfg)
+    except TrainingDivergedError as e:
+        atomic_write_json(out / DIVERGED_FILE, {"diverged": True, "message": str(e)})
+        summary = {"diverged": True, "message": str(e)}
     finally:
         torch.set_num_threads(n_threads)
-    ctx.say(f"  {run}: best val {summary['best_val_loss']:.4f}, {summary['params']:,} params, "
-            f"{summary['minutes']:.1f} min")
+    _save_record(ctx, run, keep_weights)
+    if summary.get("diverged"):
+        ctx.say(f"  {run}: diverged ({summary['message']})")
+    else:
+        ctx.say(f"  {run}: best val {summary['best_val_loss']:.4f}, {summary['params']:,} params, "
+                f"{summary['minutes']:.1f} min")
     return summary
 
+
+def _train(run_cfg) -> dict[str, Any]:
+    if run_cfg.model.arch == "regressor":
+        from energyformer.experiments.regression_train import train_regressor
+
+        return train_regressor(run_cfg)
+    from energyformer.train.loop import train
+
+    return train(run_cfg, progress=False)
+
+
+def _read_outcome(run_dir: Path) -> dict[str, Any]:
+    if (run_dir / DIVERGED_FILE).is_file():
+        return json.loads((run_dir / DIVERGED_FILE).read_text(encoding="utf-8"))
+    return read_summary(run_dir)
+
+
+# --------------------------------------------------------------------------------------------
+# learning-rate sweeps
+# --------------------------------------------------------------------------------------------
+
+def lr_sweep(ctx: Context, family: str, make_cfg: Callable[[float, int], dict[str, Any]],
+             lrs: Sequence[float], steps: int) -> dict[str, Any]:
+    """Train ``make_cfg(lr, steps)`` (seed 1) for every ``lr`` and pick the one with the lowest
+    final validation loss (a diverged run loses).
+
+    Returns:
+        ``{"family", "steps", "lrs", "final_val_loss" (per lr; inf when diverged), "best_lr"}``.
+    """
+    losses = []
+    for lr in lrs:
+        s = train_or_resume(ctx, f"sweep_{family}_lr{lr:g}", make_cfg(lr, steps))
+        v = math.inf if s.get("diverged") else float(s["final_val_loss"])
+        losses.append(v if math.isfinite(v) else math.inf)
+    best = lrs[min(range(len(lrs)), key=lambda i: losses[i])]
+    ctx.say(f"  LR sweep {family}: " + ", ".join(f"{lr:g} → {v:.4f}" for lr, v in zip(lrs, losses))
+            + f"; using {best:g}")
+    return {"family": family, "steps": steps, "lrs": list(lrs), "final_val_loss": losses, "best_lr": best}
+
+
+def sweep_table(sweeps: Sequence[Mapping[str, Any]]) -> str:
+    """Markdown: one row per family, one column per LR (final val loss), the chosen LR."""
+    rows = []
+    for s in sweeps:
+        cells = [("diverged" if not math.isfinite(v) else f"{v:.4f}") for v in s["final_val_loss"]]
+        rows.append([s["family"], s["steps"], " / ".join(f"{lr:g}" for lr in s["lrs"]), " / ".join(cells),
+                     f"{s['best_lr']:g}"])
+    return markdown_table(["family", "sweep steps", "learning rates", "final val loss", "chosen"], rows)
+
+
+# --------------------------------------------------------------------------------------------
+# convergence
+# --------------------------------------------------------------------------------------------
+
+def val_curve(run_dir: Path) -> tuple[list[int], list[float]]:
+    """``(steps, val_loss)`` of every evaluation in ``run_dir/metrics.jsonl``."""
+    steps, vals = [], []
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        return steps, vals
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        if rec.get("val_loss") is not None:
+            steps.append(int(rec["step"]))
+            vals.append(float(rec["val_loss"]))
+    return steps, vals
+
+
+def stable_end(train: Mapping[str, Any]) -> int:
+    """The last step before the learning-rate cooldown (``wsd``), else the decay horizon."""
+    end = int(train.get("lr_decay_steps") or train["max_steps"])
+    if train.get("lr_schedule") == "wsd":
+        end -= int(train.get("cooldown_steps") or 0)
+    return min(end, int(train["max_steps"]))
+
+
+def convergence(run_dir: Path) -> dict[str, Any]:
+    """The slope of the validation loss over the last :data:`WINDOW` of the steps before the
+    cooldown (least squares, nats per 1,000 steps), the fitted drop across that window, and
+    ``converged``: the drop is below :data:`PLATEAU_REL` of the loss (a rising loss counts as
+    converged: it is past its best). ``converged`` is ``None`` with fewer than 3 evaluations in the
+    window."""
+    train = read_run_config(run_dir).to_dict()["train"]
+    end = stable_end(train)
+    start = end - WINDOW * end
+    steps, vals = val_curve(run_dir)
+    pts = [(s, v) for s, v in zip(steps, vals) if start <= s <= end]
+    out: dict[str, Any] = {"window": [int(start), end], "evals_in_window": len(pts)}
+    if len(pts) < 3:
+        return {**out, "slope_per_1k": None, "drop": None, "converged": None}
+    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    drop = -slope * (end - start)
+    level = abs(my) if my else 1.0
+    return {**out, "slope_per_1k": slope * 1000, "drop": drop, "converged": bool(drop < PLATEAU_REL * level)}
+
+
+def converged_cell(convs: Sequence[Mapping[str, Any]]) -> str:
+    """``"yes"``, ``"no"`` or ``"k/n"`` over seeds, with the mean slope per 1k steps."""
+    flags = [c.get("converged") for c in convs]
+    known = [f for f in flags if f is not None]
+    if not known:
+        return "–"
+    yes = sum(known)
+    word = "yes" if yes == len(known) else ("no" if yes == 0 else f"{yes}/{len(known)}")
+    slopes = [c["slope_per_1k"] for c in convs if c.get("slope_per_1k") is not None]
+    return f"{word} ({statistics.fmean(slopes):+.3f}/1k)"
+
+
+# --------------------------------------------------------------------------------------------
+# tables, results and plots
+# --------------------------------------------------------------------------------------------
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
     """``(mean, sample std)`` (std 0 for one value); NaN for none."""
@@ -119,7 +367,7 @@ def pm(values: Sequence[float], digits: int = 4) -> str:
     m, s = mean_std(values)
     if math.isnan(m):
         return "–"
-    n = len([v for v in values if v is not None])
+    n = len([v for v in values if v is not None and math.isfinite(v)])
     return f"{m:.{digits}f}" + (f" ± {s:.{digits}f}" if n > 1 else "")
 
 
@@ -130,20 +378,22 @@ def markdown_table(head: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def write_results(ctx: Context, table: str, results: dict[str, Any], run_names: Sequence[str] = (),
-                  header: str = "") -> dict[str, Any]:
-    """Write ``table.md`` (``header`` + table), ``results.json`` and, for each run, its
-    ``summary.json``, ``config.yaml`` and ``metrics.jsonl`` under ``ctx.out/runs/<run>/``."""
+def command_line(ctx: Context) -> str:
+    """The command that reproduces this experiment's table."""
+    seeds = "" if ctx.seeds is None else f" --seeds {ctx.seeds}"
+    return f"energyformer experiment {ctx.name}{seeds}"
+
+
+def write_results(ctx: Context, table: str, results: dict[str, Any], header: str = "",
+                  footer: str = "") -> dict[str, Any]:
+    """Write ``table.md`` (``header``, the reproducing command, the table, ``footer``) and
+    ``results.json`` into ``ctx.out`` (the run records are written as the runs finish)."""
     ctx.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(ctx.out / "table.md", (header.strip() + "\n\n" if header else "") + table + "\n")
-    payload = {"experiment": ctx.name, "seeds": ctx.seeds, "quick": ctx.quick, **results}
+    parts = [header.strip(), f"Reproduce: `{command_line(ctx)}`", table, footer.strip()]
+    atomic_write_text(ctx.out / "table.md", "\n\n".join(p for p in parts if p) + "\n")
+    payload = {"experiment": ctx.name, "seeds": ctx.seeds, "quick": ctx.quick, "command": command_line(ctx),
+               **results}
     atomic_write_json(ctx.out / "results.json", payload)
-    for run in run_names:
-        src, dst = ctx.runs / run, ctx.out / "runs" / run
-        dst.mkdir(parents=True, exist_ok=True)
-        for f in (SUMMARY_FILE, CONFIG_FILE, METRICS_FILE):
-            if (src / f).is_file():
-                shutil.copyfile(src / f, dst / f)
     return {**payload, "table": table}
 
 
@@ -183,6 +433,25 @@ def save_figure(ctx: Context, fig, file_name: str) -> Path:
     return path
 
 
+def plot_learning_curves(ctx: Context, groups: Mapping[str, Sequence[Path]], file_name: str = "curves.png",
+                         floors: Mapping[str, float] | None = None, ylabel: str = "val loss") -> Path:
+    """Validation loss against steps for every run (one colour per group, a line per seed), with
+    horizontal lines at ``floors`` (label → value)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (label, dirs) in enumerate(groups.items()):
+        for j, d in enumerate(dirs):
+            steps, vals = val_curve(d)
+            if steps:
+                ax.plot(steps, vals, color=colors[i % len(colors)], alpha=0.8, linewidth=1,
+                        label=label if j == 0 else None)
+    for k, (label, v) in enumerate((floors or {}).items()):
+        ax.axhline(v, color="gray", linestyle=("--", ":", "-.")[k % 3], linewidth=1, label=label)
+    finish_axes(ax, "step", ylabel)
+    return save_figure(ctx, fig, file_name)
+
+
 def quick_text() -> str:
     """A small offline English text for quick runs: the docstrings of this package (about 100 kB)."""
     import importlib
@@ -203,11 +472,12 @@ def quick_text() -> str:
     return "\n\n".join(p for p in parts if p)
 
 
-def char_data(ctx: Context, dataset: str = "shakespeare_char") -> dict[str, Any]:
-    """The ``data`` section of a character-level run: the prepared ``dataset`` under ``data_root``,
-    or, in quick mode, a tiny corpus (:func:`quick_text`) prepared into the work directory."""
+def char_data(ctx: Context, dataset: str = "shakespeare_char") -> dict[str, Any] | None:
+    """The ``data`` section of a character-level run in quick mode (a tiny corpus,
+    :func:`quick_text`, prepared into the work directory); ``None`` (the recipe's prepared
+    ``dataset`` under ``data_root``) otherwise."""
     if not ctx.quick:
-        return {"dataset": dataset, "root": str(ctx.data_root)}
+        return None
     from energyformer.data import prepare_text
 
     path = ctx.runs / "data" / "quick.txt"
@@ -218,5 +488,7 @@ def char_data(ctx: Context, dataset: str = "shakespeare_char") -> dict[str, Any]
     return {"dataset": out.name, "root": str(out.parent)}
 
 
-__all__ = ["Context", "char_data", "finish_axes", "markdown_table", "save_figure", "mean_std", "pm", "pyplot", "quick_text",
-           "train_or_resume", "write_results"]
+__all__ = ["CONFIGS", "Context", "QUICK", "char_data", "convergence", "converged_cell", "finish_axes",
+           "lr_sweep", "markdown_table", "mean_std", "plot_learning_curves", "pm", "pyplot", "quick_text",
+           "record_dir", "resolve", "same_config", "save_figure", "schedule", "sweep_table", "train_or_resume",
+           "val_curve", "write_results"]

@@ -1,13 +1,16 @@
 """(e) ``energy_descent``: per-token energy per step of a trained NRGPT with ``η = c·diag(γ)``
 (provable descent, docs/nrgpt.md §5) and with the free ``η`` (a full d×d map): the fraction of
-tokens whose total energy is monotone non-increasing from step ``s`` on, and plots.
+tokens whose total energy is monotone non-increasing from step ``s`` on, at the trained 4 steps
+and at 8 and 16 (inference-time scaling), on models trained to a plateau.
 
-Data: Shakespeare-char. Model: NRGPT FF2W, d_model 64, 4 heads, 4 steps, block 128, 500 steps
-of batch 32. Traced on 8 validation sequences of 128 characters, with the trained 4 steps and
-with 8 steps (inference-time scaling).
+Runs: ``configs/shakespeare_char/nrgpt.yaml`` (NRGPT FF2W, block 128, batch 32) with d_model 64,
+4 heads, 4 steps and ``eta_param`` ∈ {c_diag_gamma, full}; 5,000 steps, constant LR with a 10%
+linear cooldown (``lr_schedule: wsd``), 50 evaluations. The LR of each η arm is chosen by a
+sweep over {3e-4, 1e-3, 3e-3} at 1,250 steps (seed 1). Traced on 8 validation sequences of 128
+characters.
 
-Budget: 2 configurations × seeds runs of 500 steps plus tracing: estimated 10–15 minutes on 2
-CPU cores for 3 seeds. ``--quick``: the docstring corpus, d_model 16, 20 steps, ≈ 5 s.
+Budget (idle 2-core CPU, ≈ 20k tokens/s): 6 sweep runs of 1,250 steps and 2 arms × 2 seeds of
+5,000 steps ≈ 1.5 hours. ``--quick``: the docstring corpus, d_model 16, 20 steps, seconds.
 """
 from __future__ import annotations
 
@@ -16,19 +19,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from energyformer.experiments.common import Context, finish_axes, save_figure, char_data, markdown_table, pm, pyplot, train_or_resume, write_results
+from energyformer.experiments.common import (Context, char_data, converged_cell, convergence, finish_axes, lr_sweep,
+                                             markdown_table, plot_learning_curves, pm, pyplot, record_dir, resolve,
+                                             save_figure, schedule, sweep_table, train_or_resume, write_results)
 
-ETAS = {"η = c·diag(γ)": "c_diag_gamma", "free η (full)": "full"}
+RECIPE = "shakespeare_char/nrgpt.yaml"
+ARMS = {"η = c·diag(γ)": "c_diag_gamma", "free η (full)": "full"}
+SHAPE = {"d_model": 64, "n_heads": 4, "n_steps": 4}
+STEPS, SWEEP_STEPS, LRS = 5000, 1250, (3e-4, 1e-3, 3e-3)
+TRACE_STEPS = (4, 8, 16)
+DEFAULT_SEEDS = 2
 
 
-def config(ctx: Context, eta: str, seed: int) -> dict[str, Any]:
-    q = ctx.quick
-    model = {"arch": "nrgpt", "ff": "ff2w", "d_model": 16 if q else 64, "n_heads": 2 if q else 4, "n_steps": 4,
-             "block_size": 32 if q else 128, "eta_param": eta}
-    train = {"max_steps": 20 if q else 500, "batch_size": 4 if q else 32, "learning_rate": 1e-3, "min_lr": 1e-4,
-             "warmup_steps": 5 if q else 50, "eval_interval": 10 if q else 250, "eval_iters": 2 if q else 10,
-             "log_interval": 10, "seed": seed, "device": "cpu"}
-    return {"model": model, "data": char_data(ctx), "train": train}
+def config(ctx: Context, eta: str, lr: float, steps: int, seed: int) -> dict[str, Any]:
+    """The run config of one η arm: the recipe + this experiment's shape, schedule and seed."""
+    return resolve(ctx, RECIPE, {"model": {**SHAPE, "eta_param": eta}},
+                   {"train": {**schedule(ctx, steps, lr), "seed": seed}}, data=char_data(ctx))
 
 
 def monotone_fraction(energy: torch.Tensor, tol: float = 1e-6) -> list[float]:
@@ -50,54 +56,82 @@ def trace_energies(model: torch.nn.Module, batch: torch.Tensor, n_steps: int) ->
     return trace.energy("total").double()
 
 
-def run(ctx: Context) -> dict[str, Any]:
-    """Train both η parameterizations per seed, trace validation text, tabulate monotone fractions."""
+def _trace_run(run_dir) -> tuple[dict[int, Any], np.ndarray]:
     from energyformer.data import load_split
     from energyformer.runs.rundir import load_run
 
-    results: dict[str, Any] = {}
-    rows, names, curves = [], [], {}
-    for label, eta in ETAS.items():
-        per_seed = []
-        for seed in ctx.seed_list():
-            name = f"nrgpt_{eta}_s{seed}"
-            cfg = config(ctx, eta, seed)
-            train_or_resume(ctx, name, cfg)
-            names.append(name)
-            model, run_cfg, _ = load_run(ctx.runs / name)
-            val = np.asarray(load_split(run_cfg.data.path, "val"), dtype=np.int64)
-            N = run_cfg.model.block_size
-            n_seq = min(8, len(val) // N)
-            batch = torch.from_numpy(val[: n_seq * N].reshape(n_seq, N))
-            entry = {}
-            for steps in (4, 8):
-                e = trace_energies(model, batch, steps)
-                entry[steps] = {"monotone_from": monotone_fraction(e), "mean_energy": e.mean((1, 2)).tolist()}
-            per_seed.append(entry)
-            curves.setdefault(label, e[:, 0, : min(16, N)].numpy())
-        results[label] = per_seed
-        for steps in (4, 8):
-            fr = [[s[steps]["monotone_from"][k] for s in per_seed] for k in range(steps)]
-            rows.append([label, steps] + [pm(f, 3) for f in (fr[0], fr[min(1, steps - 1)], fr[steps // 2])])
-    table = markdown_table(["η", "steps at inference", "monotone from step 0", "from step 1", "from step S/2"], rows)
+    model, run_cfg, _ = load_run(run_dir)
+    val = np.asarray(load_split(run_cfg.data.path, "val"), dtype=np.int64)
+    N = run_cfg.model.block_size
+    n_seq = min(8, len(val) // N)
+    batch = torch.from_numpy(val[: n_seq * N].reshape(n_seq, N))
+    entry, e = {}, None
+    for steps in TRACE_STEPS:
+        e = trace_energies(model, batch, steps)
+        entry[steps] = {"monotone_from": monotone_fraction(e), "mean_energy": e.mean((1, 2)).tolist()}
+    return entry, e[:, 0, : min(16, N)].numpy()
 
+
+def run(ctx: Context) -> dict[str, Any]:
+    """Sweep the LR per η arm, train the seeds, trace validation text, tabulate monotone fractions."""
+    sweeps, results, curves, groups = [], {}, {}, {}
+    for label, eta in ARMS.items():
+        sweep = lr_sweep(ctx, f"nrgpt_{eta}", lambda lr, steps: config(ctx, eta, lr, steps, 1), LRS, SWEEP_STEPS)
+        sweeps.append(sweep)
+        per_seed = []
+        for seed in ctx.seed_list(DEFAULT_SEEDS):
+            name = f"nrgpt_{eta}_s{seed}"
+            summary = train_or_resume(ctx, name, config(ctx, eta, sweep["best_lr"], STEPS, seed), keep_weights=True)
+            where = record_dir(ctx, name)
+            groups.setdefault(label, []).append(where)
+            entry, curve = _trace_run(where)
+            curves.setdefault(label, curve)
+            per_seed.append({"trace": entry, "best_val_loss": summary["best_val_loss"],
+                             "final_val_loss": summary["final_val_loss"], "convergence": convergence(where)})
+        results[label] = {"lr": sweep["best_lr"], "seeds": per_seed}
+    table = _table(results)
+    _plots(ctx, results, curves, groups)
+    header = (f"Energy descent of NRGPT per token (total energy E_AT + s_ff E_FF), {len(ctx.seed_list(DEFAULT_SEEDS))} "
+              "seed(s), trained with 4 steps: fraction of tokens whose energy never rises after step s. "
+              "Converged: the fitted val loss fell < 1% over the last 30% of the pre-cooldown steps "
+              "(slope in nats/char per 1k steps).")
+    return write_results(ctx, table, {"rows": _jsonable(results), "lr_sweeps": sweeps},
+                         header, "LR sweeps (seed 1, final val loss):\n\n" + sweep_table(sweeps))
+
+
+def _table(results: dict[str, Any]) -> str:
+    rows = []
+    for label, r in results.items():
+        seeds = r["seeds"]
+        for steps in TRACE_STEPS:
+            fr = [[s["trace"][steps]["monotone_from"][k] for s in seeds] for k in range(steps)]
+            rows.append([label, f"{r['lr']:g}", pm([s["final_val_loss"] for s in seeds]),
+                         converged_cell([s["convergence"] for s in seeds]), steps]
+                        + [pm(f, 3) for f in (fr[0], fr[1], fr[steps // 2], fr[-1])])
+    return markdown_table(["η", "LR", "val loss", "converged", "steps at inference", "monotone from step 0",
+                           "from 1", "from S/2", "last step"], rows)
+
+
+def _plots(ctx: Context, results: dict[str, Any], curves: dict[str, np.ndarray], groups) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 4), squeeze=False)
     for ax, (label, e) in zip(axes.flat, curves.items()):
         for j in range(e.shape[1]):
             ax.plot(range(e.shape[0]), e[:, j], alpha=0.7, linewidth=1)
         ax.axvline(4, color="gray", linestyle=":")
-        ax.set_title(f"{label}: total energy per token (8 steps; trained 4)", fontsize=9)
-        finish_axes(ax, "step")
+        ax.set_title(f"{label}: total energy per token ({TRACE_STEPS[-1]} steps; trained 4)", fontsize=9)
+        finish_axes(ax, "step", "energy")
     save_figure(ctx, fig, "energy_per_token.png")
     fig, ax = plt.subplots(figsize=(6, 4))
-    for label, per_seed in results.items():
-        m = np.mean([s[8]["monotone_from"] for s in per_seed], axis=0)
+    for label, r in results.items():
+        m = np.mean([s["trace"][TRACE_STEPS[-1]]["monotone_from"] for s in r["seeds"]], axis=0)
         ax.plot(range(len(m)), m, "o-", label=label)
     ax.set_ylim(-0.02, 1.02)
-    finish_axes(ax, "s (monotone from step s on, 8 steps)", "fraction of tokens")
+    finish_axes(ax, f"s (monotone from step s on, {TRACE_STEPS[-1]} steps)", "fraction of tokens")
     save_figure(ctx, fig, "monotone_fraction.png")
-    header = (f"Energy descent of NRGPT per token (total energy E_AT + s_ff E_FF), {ctx.seeds} seed(s): fraction of "
-              "tokens whose energy never rises after step s.")
-    return write_results(ctx, table, {"rows": {k: [{str(s): v for s, v in e.items()} for e in vals]
-                                               for k, vals in results.items()}}, names, header)
+    plot_learning_curves(ctx, groups, ylabel="val loss (nats/char)")
+
+
+def _jsonable(results: dict[str, Any]) -> dict[str, Any]:
+    return {label: {**r, "seeds": [{**s, "trace": {str(k): v for k, v in s["trace"].items()}} for s in r["seeds"]]}
+            for label, r in results.items()}

@@ -41,11 +41,11 @@ from energyformer.runs.recipe import deep_merge, read_recipe
 from energyformer.utils.io import atomic_write_text
 
 SECTIONS = ("model", "data", "train")
-LR_SCHEDULES = ("cosine", "exponential", "constant")
+LR_SCHEDULES = ("cosine", "exponential", "constant", "wsd")
 DTYPES = ("float32", "bfloat16")
 PARALLEL = ("ddp", "fsdp")
 # TrainConfig fields whose None default is derived from another field (kept on resume unless given)
-DERIVED_TRAIN_KEYS = ("min_lr", "lr_decay_steps", "ckpt_interval")
+DERIVED_TRAIN_KEYS = ("min_lr", "lr_decay_steps", "ckpt_interval", "cooldown_steps")
 DEFAULT_OUT_DIR = "out/run"  # when there is no recipe file to name the run after
 
 
@@ -113,9 +113,14 @@ class TrainConfig:
         grad_accum_steps: micro-batches per optimizer step.
         learning_rate: peak learning rate after warmup.
         min_lr: learning rate at the end of the decay (default ``learning_rate / 10``).
-        lr_schedule: ``"cosine"``, ``"exponential"`` or ``"constant"``.
+        lr_schedule: ``"cosine"``, ``"exponential"``, ``"constant"`` or ``"wsd"`` (warmup, then
+            constant, then a linear cooldown to ``min_lr`` over the last ``cooldown_steps`` before
+            ``lr_decay_steps``).
         warmup_steps: linear warmup steps.
         lr_decay_steps: step at which the decay reaches ``min_lr`` (default ``max_steps``).
+        cooldown_steps: with ``lr_schedule="wsd"``, the steps of the linear cooldown that ends at
+            ``lr_decay_steps`` (default a tenth of ``lr_decay_steps``); must be 0 (the default)
+            with the other schedules.
         weight_decay: AdamW weight decay on matrices.
         beta1: AdamW beta1.
         beta2: AdamW beta2.
@@ -152,6 +157,7 @@ class TrainConfig:
     lr_schedule: str = "cosine"
     warmup_steps: int = 100
     lr_decay_steps: int | None = None
+    cooldown_steps: int | None = None
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.99
@@ -189,6 +195,12 @@ class TrainConfig:
         # lr_decay_steps < warmup_steps is allowed (short test runs): lr_at then warms up and
         # jumps to min_lr after warmup
         check_int("train.lr_decay_steps", self.lr_decay_steps, 0)
+        if self.cooldown_steps is None:
+            self.cooldown_steps = self.lr_decay_steps // 10 if self.lr_schedule == "wsd" else 0
+        check_int("train.cooldown_steps", self.cooldown_steps, 0)
+        if self.cooldown_steps and self.lr_schedule != "wsd":
+            raise ValueError(f"train.cooldown_steps={self.cooldown_steps} needs train.lr_schedule='wsd' "
+                             f"(got {self.lr_schedule!r}); leave it at 0 for the other schedules")
         check_float("train.weight_decay", self.weight_decay, 0.0)
         check_float("train.beta1", self.beta1, 0.0, maximum=0.999999)
         check_float("train.beta2", self.beta2, 0.0, maximum=0.999999)

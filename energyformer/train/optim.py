@@ -9,7 +9,7 @@
   pull P towards its diagonal, which would bias the ablations).
 - ``lr_at(step, cfg)``: linear warmup, then cosine (default) or exponential decay to ``min_lr``
   at ``lr_decay_steps``, then constant ``min_lr``; ``lr_schedule="constant"`` keeps the peak LR
-  after warmup.
+  after warmup; ``lr_schedule="wsd"`` keeps it until a linear cooldown of ``cooldown_steps``.
 """
 from __future__ import annotations
 
@@ -65,6 +65,10 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
       ``r = (step - warmup) / (lr_decay_steps - warmup)``: cosine ``min + (lr - min)(1 + cos(pi r)) / 2``
       or exponential ``lr * (min / lr) ** r``,
     - ``step > lr_decay_steps``: ``min_lr``.
+
+    ``lr_schedule="wsd"`` (warmup-stable-decay): ``learning_rate`` after warmup until
+    ``lr_decay_steps - cooldown_steps``, then a linear cooldown that reaches ``min_lr`` at
+    ``lr_decay_steps``, then ``min_lr``.
     """
     lr, min_lr = cfg.learning_rate, cfg.min_lr
     if step < cfg.warmup_steps:
@@ -73,6 +77,11 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
         return lr
     if step > cfg.lr_decay_steps:
         return min_lr
+    if cfg.lr_schedule == "wsd":
+        start = cfg.lr_decay_steps - cfg.cooldown_steps
+        if step <= start:
+            return lr
+        return lr + (min_lr - lr) * (step - start) / cfg.cooldown_steps
     span = cfg.lr_decay_steps - cfg.warmup_steps
     ratio = 1.0 if span == 0 else (step - cfg.warmup_steps) / span
     if cfg.lr_schedule == "exponential":
