@@ -1,31 +1,119 @@
 """`energyformer experiment NAME --quick` for every experiment: the pipeline (data, training, metrics,
-results files, resuming finished runs), not the science (tiny sizes, seconds each)."""
+results files, reusing finished runs), not the science (tiny sizes, seconds each); and the pieces
+the protocols rest on: recipes + overrides, run records, LR sweeps, the convergence measure."""
 import json
+import shutil
 
 import pytest
 
 from energyformer.cli import main
 from energyformer.experiments import EXPERIMENTS, run_experiment
+from energyformer.experiments import common
+from energyformer.experiments.common import Context, convergence, lr_sweep, resolve, same_config, schedule
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_experiment_quick(name, tmp_path, capsys):
-    args = ["experiment", name, "--quick", "--seeds", "1", "--results-dir", str(tmp_path / "results"),
+    results_dir = tmp_path / "results"
+    args = ["experiment", name, "--quick", "--seeds", "1", "--results-dir", str(results_dir),
             "--work-dir", str(tmp_path / "work")]
     assert main(args) == 0
     printed = capsys.readouterr().out
-    out = tmp_path / "results" / name
+    assert not results_dir.exists(), "--quick never writes into the results directory"
+    out = tmp_path / "work" / "quick-results" / name
     table = (out / "table.md").read_text()
-    assert table.count("|") > 10 and table.splitlines()[-1] in printed
+    assert table.count("|") > 10 and "Reproduce: `energyformer experiment" in table
+    assert "converged" in table or name == "inference_steps"
     results = json.loads((out / "results.json").read_text())
     assert results["experiment"] == name and results["quick"] is True
     assert list(out.glob("*.png")), "every experiment writes its plots"
-    runs = sorted(p.name for p in (out / "runs").iterdir())
-    assert runs and all((out / "runs" / r / "summary.json").is_file() for r in runs)
+    if name != "inference_steps":  # it reuses the runs of energy_descent and cem_ablation
+        assert (out / "curves.png").is_file() or (out / "loss_curves.png").is_file()
+        runs = sorted(p.name for p in (out / "runs").iterdir())
+        assert runs and all((out / "runs" / r / "summary.json").is_file() for r in runs)
     # a second call reuses every finished run instead of training it again
     assert main(args) == 0
     again = capsys.readouterr().out
-    assert again.count("finished earlier") == len(runs)
+    assert "finished earlier" in again and ": best val " not in again
+
+
+def test_records_are_reused_from_results_on_a_fresh_machine(tmp_path, capsys):
+    """A finished run recorded under results/NAME/runs is reused when the work directory is gone."""
+    ctx = Context("energy_descent", seeds=1, quick=True, work_dir=tmp_path / "w1", verbose=True)
+    run_experiment("energy_descent", seeds=1, quick=True, work_dir=tmp_path / "w1")
+    capsys.readouterr()
+    # the trained run directories are gone (a fresh checkout): only the records and the data remain
+    for d in ctx.runs.iterdir():
+        if d.name != "data":
+            shutil.rmtree(d)
+    run_experiment("energy_descent", seeds=1, quick=True, work_dir=tmp_path / "w1")
+    said = capsys.readouterr().out
+    assert ": best val " not in said and said.count("finished earlier") == 8  # 6 sweep runs + 2 seeds
+
+
+def test_resolve_is_recipe_plus_overrides():
+    ctx = Context("x")
+    cfg = resolve(ctx, "shakespeare_char/nrgpt.yaml", {"model": {"d_model": 64}},
+                  {"train": {**schedule(ctx, 1000, 3e-3), "seed": 7}})
+    assert cfg["model"]["d_model"] == 64 and cfg["model"]["ff"] == "ff2w"  # the rest from the recipe
+    assert cfg["train"]["lr_schedule"] == "wsd" and cfg["train"]["lr_decay_steps"] == 1000
+    assert cfg["train"]["cooldown_steps"] == 100 and cfg["train"]["min_lr"] == pytest.approx(3e-4)
+    assert cfg["train"]["eval_interval"] == 20 and cfg["train"]["seed"] == 7
+    assert cfg["data"] == {"dataset": "shakespeare_char", "root": "data"} and cfg["train"]["device"] == "cpu"
+    quick = resolve(Context("x", quick=True), "shakespeare_char/nrgpt.yaml")
+    assert quick["model"]["d_model"] == 16 and "d_ff" not in quick["model"]  # only keys the model has
+    assert quick["train"]["max_steps"] == common.QUICK["train"]["max_steps"]
+
+
+def _fake_run(tmp_path, vals, every=100, steps=1000, cooldown=100):
+    from energyformer.runs.config import load_config, save_config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = load_config({"model": {"arch": "gpt", "vocab_size": 8, "d_model": 8, "n_heads": 2, "n_layers": 1,
+                                 "block_size": 8},
+                       "train": {"max_steps": steps, "lr_schedule": "wsd", "cooldown_steps": cooldown}})
+    save_config(cfg, run / "config.yaml")
+    with open(run / "metrics.jsonl", "w") as f:
+        for i, v in enumerate(vals):
+            f.write(json.dumps({"step": (i + 1) * every, "val_loss": v}) + "\n")
+    return run
+
+
+def test_convergence_slope_and_plateau(tmp_path):
+    # falling 0.02 per 100 steps until the cooldown (step 900): window 630..900, drop 0.054 on ~2.0 > 1%
+    falling = _fake_run(tmp_path, [3.0 - 0.02 * i for i in range(10)])
+    c = convergence(falling)
+    assert c["window"] == [630, 900] and c["evals_in_window"] == 3
+    assert c["slope_per_1k"] == pytest.approx(-0.2) and c["converged"] is False
+    shutil.rmtree(falling)
+    flat = _fake_run(tmp_path, [3.0, 2.5, 2.2, 2.1, 2.05, 2.03, 2.02, 2.02, 2.019, 1.9])
+    c = convergence(flat)
+    assert c["converged"] is True and abs(c["slope_per_1k"]) < 0.05  # the cooldown's drop is outside the window
+    shutil.rmtree(flat)
+    assert convergence(_fake_run(tmp_path, [3.0, 2.0]))["converged"] is None  # too few evaluations
+
+
+def test_lr_sweep_picks_lowest_and_a_diverged_run_loses(tmp_path, monkeypatch):
+    ctx = Context("x", work_dir=tmp_path, results_dir=tmp_path / "r", verbose=False)
+    outcomes = {1e-3: {"final_val_loss": 2.0}, 3e-3: {"diverged": True, "message": "nan"}, 3e-4: {"final_val_loss": 2.5}}
+    monkeypatch.setattr(common, "train_or_resume", lambda ctx, name, cfg: outcomes[cfg["lr"]])
+    got = lr_sweep(ctx, "fam", lambda lr, steps: {"lr": lr}, (3e-4, 1e-3, 3e-3), 10)
+    assert got["best_lr"] == 1e-3 and got["final_val_loss"][2] == float("inf")
+    assert "diverged" in common.sweep_table([got])
+
+
+def test_same_config_ignores_run_time_options_only(tmp_path):
+    from energyformer.runs.config import load_config, save_config
+
+    base = {"model": {"arch": "gpt", "vocab_size": 8, "d_model": 8, "n_heads": 2, "n_layers": 1, "block_size": 8},
+            "train": {"max_steps": 5, "num_threads": 1, "out_dir": str(tmp_path / "a")}}
+    run = tmp_path / "a"
+    run.mkdir()
+    save_config(load_config(base), run / "config.yaml")
+    (run / "summary.json").write_text("{}")
+    assert same_config(run, {**base, "train": {"max_steps": 5, "num_threads": 2, "out_dir": "elsewhere"}})
+    assert not same_config(run, {**base, "train": {"max_steps": 6}})
 
 
 def test_experiment_errors(tmp_path, capsys):
@@ -33,6 +121,8 @@ def test_experiment_errors(tmp_path, capsys):
     assert "experiment='nope' is not valid" in capsys.readouterr().err
     with pytest.raises(ValueError, match="seeds=0 must be >= 1"):
         run_experiment("gp_recursion", seeds=0)
+    with pytest.raises(ValueError, match="profile"):
+        run_experiment("gp_recursion", profile="laptop")
     # a full run needs the prepared data and says which command makes it
     assert main(["experiment", "listops_transition", "--seeds", "1", "--data-root", str(tmp_path / "none"),
                  "--work-dir", str(tmp_path / "w"), "--results-dir", str(tmp_path / "r")]) == 2

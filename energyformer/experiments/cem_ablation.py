@@ -1,71 +1,97 @@
-"""(a) ``cem_ablation``: Llama against the CEM options on the BPE English corpus (docs/cem.md).
+"""(a) ``cem_ablation``: Llama against the CEM options on Shakespeare-char (docs/cem.md), trained
+to a plateau at about 20 tokens per parameter.
 
-Rows (and ``loss_curves.png``, the seed-1 curves): Llama; CEM tied T=1 (= the "no diagonal" ablation: plain tied CEM has no diagonal term);
-T=2; ``diag_shared``; ``diag_per_head``; ``diag_only``; the preconditioner (``diag_lowrank``);
-full (T=2 + D+LR shared + P). Each row: mean ± std over seeds of the best validation loss
-(nats per BPE token), parameters, tokens/s.
+Runs: the recipes ``configs/shakespeare_char/{llama, cem, cem_t2, cem_diag_shared, cem_full}.yaml``
+(d_model 128, 4 layers, 4 heads, d_ff 352, block 128, batch 32; vocabulary 74, so the body holds
+nearly all parameters); 4,000 steps (16.4 M tokens), constant LR with a 10% linear cooldown
+(``lr_schedule: wsd``), 50 evaluations. The LR of each family (Llama; CEM, swept on tied T=1 and
+used for every CEM row) is chosen by a sweep over {3e-4, 1e-3, 3e-3} at 1,000 steps (seed 1).
+Seeds: 3 for Llama, tied T=1 and T=2; 2 for diag_shared and full (``--seeds K``: K for all).
+Floors: the unigram and bigram count models of the same corpus (nats per character).
 
-Data: ``energyformer prepare english`` (byte-level BPE, vocab 8192). Sizes (CPU): d_model 64,
-2 layers, 2 heads, d_ff 176, block 128, batch 16, 300 steps, the recipes' optimizer.
-
-Budget: 8 configurations × 3 seeds = 24 runs of 300 steps; estimated 30–45 minutes on 2 CPU
-cores (the T=2 and full rows cost about 2–2.5× a T=1 step). ``--quick``: a character corpus
-of this package's docstrings, d_model 16, 20 steps, ≈ 10 s.
+Budget (idle 2-core CPU): 13 runs of 4,000 steps and 6 sweep runs of 1,000 steps ≈ 4 hours
+(T=2 costs ≈ 1.8×, full ≈ 2.5× a T=1 step). ``--quick``: the docstring corpus, d_model 16, 20 steps.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from energyformer.experiments.common import Context, char_data, markdown_table, pm, train_or_resume, write_results
+from energyformer.experiments.common import (Context, char_data, converged_cell, convergence, lr_sweep,
+                                             markdown_table, plot_learning_curves, pm, record_dir, resolve, schedule,
+                                             sweep_table, train_or_resume, write_results)
 
-VARIANTS: dict[str, dict[str, Any]] = {
-    "llama": {"arch": "llama"},
-    "cem (tied T=1, no diag)": {"arch": "cem"},
-    "cem T=2": {"arch": "cem", "n_steps": 2},
-    "cem diag_shared": {"arch": "cem", "interaction": "diag_shared"},
-    "cem diag_per_head": {"arch": "cem", "interaction": "diag_per_head"},
-    "cem diag_only": {"arch": "cem", "interaction": "diag_only", "rope": None},
-    "cem preconditioner": {"arch": "cem", "preconditioner": "diag_lowrank"},
-    "cem full (T=2+D+LR+P)": {"arch": "cem", "n_steps": 2, "interaction": "diag_shared",
-                              "preconditioner": "diag_lowrank"},
+#: label -> (recipe under configs/, LR family, default seeds)
+VARIANTS: dict[str, tuple[str, str, int]] = {
+    "llama": ("shakespeare_char/llama.yaml", "llama", 3),
+    "cem tied T=1": ("shakespeare_char/cem.yaml", "cem", 3),
+    "cem T=2": ("shakespeare_char/cem_t2.yaml", "cem", 3),
+    "cem diag_shared": ("shakespeare_char/cem_diag_shared.yaml", "cem", 2),
+    "cem full (T=2+D+LR+P)": ("shakespeare_char/cem_full.yaml", "cem", 2),
 }
+SWEEP_RECIPE = {"llama": "shakespeare_char/llama.yaml", "cem": "shakespeare_char/cem.yaml"}
+STEPS, SWEEP_STEPS, LRS = 4000, 1000, (3e-4, 1e-3, 3e-3)
+#: runs whose weights other experiments load (inference_steps)
+KEEP_WEIGHTS = ("cem T=2",)
 
 
-def _slug(label: str) -> str:
+def slug(label: str) -> str:
+    """A run-directory name for a row label."""
     return "".join(c if c.isalnum() else "_" for c in label).strip("_").replace("__", "_")
 
 
-def config(ctx: Context, variant: dict[str, Any], seed: int) -> dict[str, Any]:
-    """The run config of one variant and seed."""
-    q = ctx.quick
-    shape = {"d_model": 16 if q else 64, "n_layers": 2, "n_heads": 2, "d_ff": 48 if q else 176,
-             "block_size": 32 if q else 128}
-    data = char_data(ctx) if q else {"dataset": "english", "root": str(ctx.data_root)}
-    train = {"max_steps": 20 if q else 300, "batch_size": 4 if q else 16, "learning_rate": 1e-3,
-             "min_lr": 1e-4, "warmup_steps": 5 if q else 30, "eval_interval": 10 if q else 100,
-             "eval_iters": 2 if q else 10, "log_interval": 10, "seed": seed, "device": "cpu"}
-    return {"model": {**shape, **variant}, "data": data, "train": train}
+def config(ctx: Context, recipe: str, lr: float, steps: int, seed: int) -> dict[str, Any]:
+    """The run config: the recipe with this experiment's schedule and seed."""
+    return resolve(ctx, recipe, {"train": {**schedule(ctx, steps, lr), "seed": seed}}, data=char_data(ctx))
+
+
+def trained_run(ctx: Context, label: str, seed: int):
+    """The run directory of row ``label``'s ``seed`` (LR from its family's sweep), trained if not recorded."""
+    recipe, family, _ = VARIANTS[label]
+    sweep = lr_sweep(ctx, family, lambda lr, steps: config(ctx, SWEEP_RECIPE[family], lr, steps, 1), LRS,
+                     SWEEP_STEPS)
+    name = f"{slug(label)}_s{seed}"
+    train_or_resume(ctx, name, config(ctx, recipe, sweep["best_lr"], STEPS, seed), keep_weights=label in KEEP_WEIGHTS)
+    return record_dir(ctx, name)
 
 
 def run(ctx: Context) -> dict[str, Any]:
-    """Train every variant for every seed and tabulate best validation loss, params and tokens/s."""
-    rows, results, names = [], {}, []
-    for label, variant in VARIANTS.items():
-        summaries = []
-        for seed in ctx.seed_list():
-            name = f"{_slug(label)}_s{seed}"
-            summaries.append(train_or_resume(ctx, name, config(ctx, variant, seed)))
-            names.append(name)
-        losses = [s["best_val_loss"] for s in summaries]
-        speeds = [s["tokens_per_s"] for s in summaries]
-        results[label] = {"best_val_loss": losses, "params": summaries[0]["params"], "tokens_per_s": speeds,
-                          "config": variant}
-        rows.append([label, pm(losses), f"{summaries[0]['params']:,}", pm(speeds, 0)])
-    table = markdown_table(["model", "best val loss (mean ± std)", "params", "tokens/s"], rows)
-    from energyformer.eval.compare import plot_curves
+    """Sweep the LR per family, train every variant's seeds, tabulate loss, floors and convergence."""
+    sweeps = {fam: lr_sweep(ctx, fam, lambda lr, steps, r=recipe: config(ctx, r, lr, steps, 1), LRS, SWEEP_STEPS)
+              for fam, recipe in SWEEP_RECIPE.items()}
+    rows, results, groups = [], {}, {}
+    for label, (recipe, family, n_seeds) in VARIANTS.items():
+        lr = sweeps[family]["best_lr"]
+        summaries, convs = [], []
+        for seed in ctx.seed_list(n_seeds):
+            name = f"{slug(label)}_s{seed}"
+            summaries.append(train_or_resume(ctx, name, config(ctx, recipe, lr, STEPS, seed),
+                                             keep_weights=label in KEEP_WEIGHTS))
+            where = record_dir(ctx, name)
+            convs.append(convergence(where))
+            groups.setdefault(label, []).append(where)
+        finals = [s["final_val_loss"] for s in summaries if not s.get("diverged")]
+        results[label] = {"recipe": recipe, "lr": lr, "final_val_loss": finals, "params": summaries[0].get("params"),
+                          "convergence": convs}
+        rows.append([label, f"{lr:g}", pm(finals), f"{summaries[0].get('params', 0):,}", len(finals),
+                     converged_cell(convs)])
+    floors = _floors(ctx)
+    table = markdown_table(["model", "LR", "val loss (nats/char)", "params", "seeds", "converged"], rows)
+    if floors:
+        table += "\n\n" + markdown_table(["floor", "val loss (nats/char)"],
+                                         [[k, f"{v:.4f}"] for k, v in floors.items()])
+    plot_learning_curves(ctx, groups, "loss_curves.png", floors=floors, ylabel="val loss (nats/char)")
+    header = ("CEM ablations on Shakespeare-char (d_model 128, 4 layers, 4,000 steps × 32 × 128 tokens), "
+              "final validation loss (after the cooldown), mean ± std over seeds. Converged: the fitted val loss "
+              "fell < 1% over the last 30% of the pre-cooldown steps (slope in nats per 1k steps).")
+    return write_results(ctx, table, {"rows": results, "floors": floors, "lr_sweeps": list(sweeps.values())},
+                         header, "LR sweeps (seed 1, final val loss):\n\n" + sweep_table(list(sweeps.values())))
 
-    ctx.out.mkdir(parents=True, exist_ok=True)
-    plot_curves([ctx.runs / n for n in names if n.endswith("_s1")], ctx.out / "loss_curves.png")
-    header = (f"CEM ablations on {'a tiny char corpus (--quick)' if ctx.quick else 'the BPE English corpus'}, "
-              f"{ctx.seeds} seed(s); loss in nats per token.")
-    return write_results(ctx, table, {"rows": results}, names, header)
+
+def _floors(ctx: Context) -> dict[str, float]:
+    """Unigram and bigram count-model losses of the corpus the runs used."""
+    from energyformer.eval.floors import dataset_count_floors
+
+    data = char_data(ctx)
+    path = f"{data['root']}/{data['dataset']}" if data else f"{ctx.data_root}/shakespeare_char"
+    floors = dataset_count_floors(path)
+    return {"unigram count model": floors["unigram"], "bigram count model": floors["bigram"]}

@@ -120,13 +120,14 @@ class Context:
 # run configs: recipe + overrides
 # --------------------------------------------------------------------------------------------
 
-def resolve(ctx: Context, recipe: str, *overrides: Mapping[str, Any], data: Mapping[str, Any] | None = None
-            ) -> dict[str, Any]:
+def resolve(ctx: Context, recipe: str, *overrides: Mapping[str, Any], data: Mapping[str, Any] | None = None,
+            swept: Sequence[str] = ()) -> dict[str, Any]:
     """The run config of ``configs/<recipe>`` with ``overrides`` merged in order (later wins).
 
     ``data`` replaces the recipe's data section (quick mode: the experiment's tiny data); else the
     recipe's dataset is read from ``ctx.data_root``. In quick mode :data:`QUICK` is merged last
-    (only keys the model already has). The CPU profile runs on the CPU.
+    (only keys the model already has, and not the model keys named in ``swept``, which the
+    experiment sweeps with quick values of its own). The CPU profile runs on the CPU.
 
     Raises:
         FileNotFoundError: the recipe does not exist.
@@ -135,7 +136,7 @@ def resolve(ctx: Context, recipe: str, *overrides: Mapping[str, Any], data: Mapp
     for o in overrides:
         cfg = deep_merge(cfg, o)
     if ctx.quick:
-        quick_model = {k: v for k, v in QUICK["model"].items() if k in cfg.get("model", {})}
+        quick_model = {k: v for k, v in QUICK["model"].items() if k in cfg.get("model", {}) and k not in swept}
         cfg = deep_merge(cfg, {"model": quick_model, "train": QUICK["train"]})
     if data is not None:
         cfg["data"] = dict(data)
@@ -172,12 +173,13 @@ def same_config(run_dir: Path, cfg: Mapping[str, Any]) -> bool:
     if not ((run_dir / SUMMARY_FILE).is_file() or (run_dir / DIVERGED_FILE).is_file()):
         return False
     try:
-        saved = read_run_config(run_dir).to_dict()
+        saved_cfg = read_run_config(run_dir)
     except (ValueError, FileNotFoundError):
         return False
-    want = load_config(dict(cfg), resolve_vocab=True).to_dict()
+    want_cfg = load_config(dict(cfg), resolve_vocab=True)
+    saved, want = saved_cfg.to_dict(), want_cfg.to_dict()
     return (saved["model"] == want["model"] and _comparable(saved["train"]) == _comparable(want["train"])
-            and Path(saved["data"]["path"]) == Path(want["data"]["path"]))
+            and Path(saved_cfg.data.path) == Path(want_cfg.data.path))
 
 
 # --------------------------------------------------------------------------------------------

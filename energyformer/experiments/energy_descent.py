@@ -37,6 +37,14 @@ def config(ctx: Context, eta: str, lr: float, steps: int, seed: int) -> dict[str
                    {"train": {**schedule(ctx, steps, lr), "seed": seed}}, data=char_data(ctx))
 
 
+def trained_run(ctx: Context, eta: str, seed: int):
+    """The run directory of the ``eta`` arm's ``seed`` (LR from its sweep), trained if not recorded."""
+    sweep = lr_sweep(ctx, f"nrgpt_{eta}", lambda lr, steps: config(ctx, eta, lr, steps, 1), LRS, SWEEP_STEPS)
+    name = f"nrgpt_{eta}_s{seed}"
+    train_or_resume(ctx, name, config(ctx, eta, sweep["best_lr"], STEPS, seed), keep_weights=True)
+    return record_dir(ctx, name)
+
+
 def monotone_fraction(energy: torch.Tensor, tol: float = 1e-6) -> list[float]:
     """``energy`` ``(S + 1, B, N)`` → for each ``s = 0 … S−1`` the share of tokens whose energy never
     rises (by more than ``tol``·(1 + |E|)) at any step after ``s``."""

@@ -1,14 +1,19 @@
 """(b) ``gp_recursion``: in-context GP regression RMSE vs context length for CEM recursion
-T ∈ {1, 2, 4, 8} at fixed parameters, a Llama regressor, the exact GP posterior mean (the
-Bayes-optimal floor) and the prior mean (docs/cem.md §6, §9).
+T ∈ {1, 2, 4, 8} at fixed parameters, with one learnable η factor per recursion step as an
+option, against a Llama regressor, the exact GP posterior mean (the Bayes-optimal floor) and the
+prior mean (docs/cem.md §6, §9).
 
-Data: ``energyformer prepare gp`` (x ∈ R², 32 points, RBF length scale 0.5, noise 0.1).
-Models: :class:`~energyformer.models.regression.SequenceRegressor`, d_model 64, 2 layers,
-2 heads; CEM's recursion adds no parameters, so every CEM row has the same count.
-Training: 1500 steps of 64 sequences, AdamW 1e-3, cosine; evaluated on the 1000 test sequences.
+Runs: the recipes ``configs/gp/{cem_t1, cem_t2, cem_t4, cem_t8, llama}.yaml`` (d_model 64, 2
+layers, 2 heads, batch 64 sequences of 32 pairs); 5,000 steps, constant LR with a 10% linear
+cooldown (``lr_schedule: wsd``), 50 evaluations; rows "η per step" add ``per_step_scale: true``
+(η_t = η·c_t, c_t learnable, docs/cem.md §6). The LR of each family (CEM swept at T=1, Llama) is
+chosen by a sweep over {3e-4, 1e-3, 3e-3} at 1,250 steps (seed 1). Every CEM run first sits on a
+loss plateau; the table gives the escape step (the first evaluation below the midpoint of the
+first and the final validation loss) and the RMSE of the trained model.
 
-Budget: 5 configurations × 3 seeds; estimated 30–45 minutes on 2 CPU cores (T=8 costs about
-8× a T=1 step). ``--quick``: 200 tiny sequences of 8 points, d_model 16, 20 steps, ≈ 10 s.
+Budget (idle 2-core CPU): 3 seeds of 5 configurations plus 2 "η per step" rows (1 seed each) at
+5,000 steps, and 6 sweep runs ≈ 3 hours (T=8 costs ≈ 8× a T=1 step). ``--quick``: 200 tiny
+sequences of 8 points, d_model 16, 20 steps.
 """
 from __future__ import annotations
 
@@ -16,15 +21,29 @@ from typing import Any
 
 import numpy as np
 
-from energyformer.experiments.common import Context, finish_axes, save_figure, markdown_table, mean_std, pm, pyplot, train_or_resume, write_results
+from energyformer.experiments.common import (Context, converged_cell, convergence, finish_axes, lr_sweep,
+                                             markdown_table, mean_std, plot_learning_curves, pm, pyplot, record_dir,
+                                             resolve, save_figure, schedule, sweep_table, train_or_resume, val_curve,
+                                             write_results)
 
-STEPS = (1, 2, 4, 8)
+#: label -> (recipe, LR family, model overrides, default seeds)
+ARMS: dict[str, tuple[str, str, dict[str, Any], int]] = {
+    "cem T=1": ("gp/cem_t1.yaml", "cem", {}, 3),
+    "cem T=2": ("gp/cem_t2.yaml", "cem", {}, 3),
+    "cem T=4": ("gp/cem_t4.yaml", "cem", {}, 3),
+    "cem T=8": ("gp/cem_t8.yaml", "cem", {}, 3),
+    "cem T=4, η per step": ("gp/cem_t4.yaml", "cem", {"per_step_scale": True}, 1),
+    "cem T=8, η per step": ("gp/cem_t8.yaml", "cem", {"per_step_scale": True}, 1),
+    "llama": ("gp/llama.yaml", "llama", {}, 3),
+}
+SWEEP_RECIPE = {"cem": "gp/cem_t1.yaml", "llama": "gp/llama.yaml"}
+STEPS, SWEEP_STEPS, LRS = 5000, 1250, (3e-4, 1e-3, 3e-3)
 
 
-def data_section(ctx: Context) -> dict[str, Any]:
+def data_section(ctx: Context) -> dict[str, Any] | None:
     """The prepared GP data (quick: tiny settings prepared into the work directory)."""
     if not ctx.quick:
-        return {"dataset": "gp", "root": str(ctx.data_root)}
+        return None
     from energyformer.data.task_data import prepare_task_data
 
     out = prepare_task_data("gp", out_dir=ctx.runs / "data" / "gp", verbose=False, n_points=8, n_train=200,
@@ -32,64 +51,91 @@ def data_section(ctx: Context) -> dict[str, Any]:
     return {"dataset": out.name, "root": str(out.parent)}
 
 
-def config(ctx: Context, model: dict[str, Any], seed: int, data: dict[str, Any]) -> dict[str, Any]:
-    q = ctx.quick
-    shape = {"arch": "regressor", "x_dim": 2, "d_model": 16 if q else 64, "n_layers": 2, "n_heads": 2,
-             "d_ff": 48 if q else 176, "block_size": 16 if q else 64}
-    train = {"max_steps": 20 if q else 1500, "batch_size": 8 if q else 64, "learning_rate": 1e-3, "min_lr": 1e-4,
-             "warmup_steps": 5 if q else 100, "eval_interval": 10 if q else 250, "log_interval": 10, "seed": seed,
-             "device": "cpu"}
-    return {"model": {**shape, **model}, "data": data, "train": train}
+def config(ctx: Context, recipe: str, model: dict[str, Any], lr: float, steps: int, seed: int) -> dict[str, Any]:
+    quick_block = {"block_size": 16} if ctx.quick else {}
+    return resolve(ctx, recipe, {"model": model}, {"train": {**schedule(ctx, steps, lr), "seed": seed}},
+                   {"model": quick_block}, data=data_section(ctx))
+
+
+def escape_step(run_dir) -> int | None:
+    """The first evaluation step whose val loss is below the midpoint of the first and the last."""
+    steps, vals = val_curve(run_dir)
+    if len(vals) < 2:
+        return None
+    mid = (vals[0] + vals[-1]) / 2
+    return next((s for s, v in zip(steps, vals) if v < mid), None)
 
 
 def run(ctx: Context) -> dict[str, Any]:
-    """Train each T (and Llama) for every seed; RMSE per context length on the test split."""
+    """Sweep the LR per family, train every arm's seeds, score RMSE per context length on the test split."""
     from energyformer.data.gp import load_gp_split
     from energyformer.data.meta import load_meta
     from energyformer.runs.rundir import load_run
     from energyformer.tasks.gp import evaluate_regressor
 
     data = data_section(ctx)
-    data_dir = f"{data['root']}/{data['dataset']}"
+    data_dir = f"{data['root']}/{data['dataset']}" if data else f"{ctx.data_root}/gp"
     settings = load_meta(data_dir)["settings"]
     test = load_gp_split(data_dir, "test")
-    models = {f"cem T={t}": {"backbone": "cem", "n_steps": t} for t in STEPS}
-    models["llama"] = {"backbone": "llama"}
+    sweeps = {fam: lr_sweep(ctx, f"gp_{fam}", lambda lr, steps, r=recipe: config(ctx, r, {}, lr, steps, 1), LRS,
+                            SWEEP_STEPS) for fam, recipe in SWEEP_RECIPE.items()}
     results: dict[str, Any] = {}
-    names, floor = [], None
-    for label, model in models.items():
+    groups: dict[str, list] = {}
+    floor = None
+    for label, (recipe, family, model, n_seeds) in ARMS.items():
         per_seed = []
-        for seed in ctx.seed_list():
-            name = f"{label.replace(' ', '_').replace('=', '')}_s{seed}"
-            summary = train_or_resume(ctx, name, config(ctx, model, seed, data))
-            net, _, _ = load_run(ctx.runs / name, language_model=False)
+        for seed in ctx.seed_list(n_seeds):
+            name = f"{label.replace(' ', '_').replace('=', '').replace(',', '').replace('η', 'eta')}_s{seed}"
+            cfg = config(ctx, recipe, model, sweeps[family]["best_lr"], STEPS, seed)
+            summary = train_or_resume(ctx, name, cfg, keep_weights=True)
+            where = record_dir(ctx, name)
+            groups.setdefault(label, []).append(where)
+            net, _, _ = load_run(where, language_model=False)
             ev = evaluate_regressor(net, test, settings)
             floor = ev
-            per_seed.append({**ev, "params": summary["params"]})
-            names.append(name)
-        results[label] = per_seed
+            per_seed.append({**ev, "params": summary["params"], "convergence": convergence(where),
+                             "escape_step": escape_step(where)})
+        results[label] = {"lr": sweeps[family]["best_lr"], "seeds": per_seed}
+    table = _table(results, floor)
+    _plots(ctx, results, floor, groups)
+    header = (f"In-context GP regression (x_dim {settings['x_dim']}, length scale {settings['length_scale']}, "
+              f"noise {settings['noise']}), RMSE on {floor['n']} test sequences, mean ± std over seeds "
+              "(η-per-step rows: 1 seed). Escape: first evaluation below the midpoint of the first and final val "
+              "loss. Converged: the fitted val loss fell < 1% over the last 30% of the pre-cooldown steps.")
+    return write_results(ctx, table, {"settings": settings, "rows": results, "lr_sweeps": list(sweeps.values())},
+                         header, "LR sweeps (seed 1, final val MSE):\n\n" + sweep_table(list(sweeps.values())))
+
+
+def _table(results: dict[str, Any], floor: dict[str, Any]) -> str:
     n = len(floor["context"])
     picks = sorted({0, 1, min(4, n - 1), n // 2, n - 1})
-    head = ["model", "params", "RMSE (all positions)"] + [f"RMSE @ {c} pairs" for c in picks]
+    head = ["model", "LR", "params", "seeds", "escape step", "converged", "RMSE (all positions)"] + \
+        [f"RMSE @ {c} pairs" for c in picks]
     rows = []
-    for label, per_seed in results.items():
-        rows.append([label, f"{per_seed[0]['params']:,}", pm([r["rmse_model"] for r in per_seed])]
-                    + [pm([r["model"][c] for r in per_seed]) for c in picks])
-    rows.append(["GP posterior mean (floor)", "–", f"{floor['rmse_gp_floor']:.4f}"]
+    for label, r in results.items():
+        seeds = r["seeds"]
+        esc = [s["escape_step"] for s in seeds if s["escape_step"] is not None]
+        rows.append([label, f"{r['lr']:g}", f"{seeds[0]['params']:,}", len(seeds), pm(esc, 0),
+                     converged_cell([s["convergence"] for s in seeds]), pm([s["rmse_model"] for s in seeds])]
+                    + [pm([s["model"][c] for s in seeds]) for c in picks])
+    blank = ["–"] * 5
+    rows.append(["GP posterior mean (Bayes floor)"] + blank + [f"{floor['rmse_gp_floor']:.4f}"]
                 + [f"{floor['gp_floor'][c]:.4f}" for c in picks])
-    rows.append(["prior mean (0)", "–", f"{floor['rmse_prior']:.4f}"] + [f"{floor['prior'][c]:.4f}" for c in picks])
-    table = markdown_table(head, rows)
+    rows.append(["prior mean (0)"] + blank + [f"{floor['rmse_prior']:.4f}"] + [f"{floor['prior'][c]:.4f}" for c in picks])
+    return markdown_table(head, rows)
 
+
+def _plots(ctx: Context, results: dict[str, Any], floor: dict[str, Any], groups) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    n = len(floor["context"])
     ctxs = np.arange(n)
-    for label, per_seed in results.items():
-        m = np.array([mean_std([r["model"][c] for r in per_seed])[0] for c in range(n)])
+    for label, r in results.items():
+        m = np.array([mean_std([s["model"][c] for s in r["seeds"]])[0] for c in range(n)])
         ax.plot(ctxs, m, label=label)
     ax.plot(ctxs, floor["gp_floor"], "k--", label="GP posterior mean (floor)")
     ax.plot(ctxs, floor["prior"], "k:", label="prior mean")
     finish_axes(ax, "context length (pairs before the query)", "RMSE")
     save_figure(ctx, fig, "rmse_vs_context.png")
-    header = (f"In-context GP regression (x_dim {settings['x_dim']}, length scale {settings['length_scale']}, "
-              f"noise {settings['noise']}), {ctx.seeds} seed(s), RMSE on {floor['n']} test sequences.")
-    return write_results(ctx, table, {"settings": settings, "rows": results}, names, header)
+    plot_learning_curves(ctx, groups, "curves.png", floors={"GP posterior mean (MSE floor)": floor["rmse_gp_floor"] ** 2},
+                         ylabel="val MSE")

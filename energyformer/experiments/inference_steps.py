@@ -1,14 +1,16 @@
 """(f) ``inference_steps``: validation loss vs the number of descent steps at inference, fewer and
 more than trained, for NRGPT (and with per-token early stopping ``stop_tol``) and for a
-recurrent CEM (T = 2 per sub-block) (docs/nrgpt.md §6, docs/cem.md §6).
+recurrent CEM (T = 2 per sub-block) (docs/nrgpt.md §6, docs/cem.md §6), on the converged models
+of two other experiments (reused, or trained first if they are not recorded yet):
 
-Data: Shakespeare-char. NRGPT FF2W d_model 64, 4 heads, trained with 4 steps; CEM d_model 64,
-2 layers, 4 heads, trained with T = 2. 500 steps of batch 32, block 128 each. Validation loss
-on 10 fixed batches at K ∈ {1, …, 2T_trained} steps (CEM: both sub-blocks of every layer run K
-steps), and NRGPT with 8 steps and ``stop_tol`` ∈ {0.1, 0.01, 0.001} (mean steps taken reported).
+- NRGPT FF2W, free η, trained with 4 steps: ``energy_descent``'s ``nrgpt_full_s<seed>``;
+- CEM T = 2 (d_model 128, 4 layers): ``cem_ablation``'s ``cem_T_2_s<seed>``.
 
-Budget: 2 configurations × seeds runs of 500 steps plus evaluation: estimated 10–20 minutes on
-2 CPU cores for 3 seeds. ``--quick``: the docstring corpus, d_model 16, 20 steps, ≈ 5 s.
+Validation loss on 10 fixed batches at K ∈ {1, …, 2T_trained} steps (CEM: both sub-blocks of
+every layer run K steps), and NRGPT with 8 steps and ``stop_tol`` ∈ {0.1, 0.01, 0.001} (mean steps
+taken reported). Seeds: 2 (those of the source experiments).
+
+Budget: evaluation only (minutes) once the source runs exist. ``--quick``: the quick runs of both.
 """
 from __future__ import annotations
 
@@ -17,22 +19,25 @@ from typing import Any, Iterator
 
 import torch
 
-from energyformer.experiments.common import Context, finish_axes, save_figure, char_data, markdown_table, pm, pyplot, train_or_resume, write_results
+from energyformer.experiments.common import Context, finish_axes, markdown_table, pm, pyplot, save_figure, write_results
 
 TOLS = (0.1, 0.01, 0.001)
+DEFAULT_SEEDS = 2
 
 
-def config(ctx: Context, model: dict[str, Any], seed: int) -> dict[str, Any]:
-    q = ctx.quick
-    shape = {"d_model": 16 if q else 64, "n_heads": 2 if q else 4, "block_size": 32 if q else 128}
-    train = {"max_steps": 20 if q else 500, "batch_size": 4 if q else 32, "learning_rate": 1e-3, "min_lr": 1e-4,
-             "warmup_steps": 5 if q else 50, "eval_interval": 10 if q else 250, "eval_iters": 2 if q else 10,
-             "log_interval": 10, "seed": seed, "device": "cpu"}
-    return {"model": {**model, **shape}, "data": char_data(ctx), "train": train}
+def source_run(ctx: Context, label: str, seed: int):
+    """The converged run of ``label`` from its source experiment (trained there if missing)."""
+    from energyformer.experiments import cem_ablation, energy_descent
+
+    other = Context(name="energy_descent" if label.startswith("NRGPT") else "cem_ablation", seeds=ctx.seeds,
+                    quick=ctx.quick, results_dir=ctx.results_dir, work_dir=ctx.work_dir, data_root=ctx.data_root,
+                    verbose=ctx.verbose, profile=ctx.profile)
+    if label.startswith("NRGPT"):
+        return energy_descent.trained_run(other, "full", seed)
+    return cem_ablation.trained_run(other, "cem T=2", seed)
 
 
-MODELS = {"NRGPT FF2W (T=4)": {"arch": "nrgpt", "ff": "ff2w", "n_steps": 4},
-          "CEM (T=2)": {"arch": "cem", "n_layers": 2, "n_steps": 2}}
+MODELS = {"NRGPT FF2W (T=4)": 4, "CEM (T=2)": 2}
 
 
 @contextlib.contextmanager
@@ -75,13 +80,12 @@ def run(ctx: Context) -> dict[str, Any]:
 
     results: dict[str, Any] = {}
     names = []
-    for label, model_cfg in MODELS.items():
+    for label, trained in MODELS.items():
         per_seed = []
-        for seed in ctx.seed_list():
-            name = f"{label.split()[0].lower()}_s{seed}"
-            train_or_resume(ctx, name, config(ctx, model_cfg, seed))
-            names.append(name)
-            model, run_cfg, _ = load_run(ctx.runs / name)
+        for seed in ctx.seed_list(DEFAULT_SEEDS):
+            where = source_run(ctx, label, seed)
+            names.append(str(where))
+            model, run_cfg, _ = load_run(where)
             val = load_split(run_cfg.data.path, "val")
             tc = run_cfg.train
 
@@ -89,7 +93,6 @@ def run(ctx: Context) -> dict[str, Any]:
                 return estimate_loss(m, {"val": val}, eval_iters=tc.eval_iters, batch_size=tc.batch_size,
                                      block_size=run_cfg.model.block_size, seed=tc.seed)["val"]
 
-            trained = model_cfg["n_steps"]
             ks = list(range(1, 2 * trained + 1))
             entry: dict[str, Any] = {"trained_steps": trained, "k": ks, "loss": []}
             for k in ks:
@@ -125,5 +128,6 @@ def run(ctx: Context) -> dict[str, Any]:
         ax.axvline(per_seed[0]["trained_steps"], color=line.get_color(), linestyle=":")
     finish_axes(ax, "steps at inference (dotted: trained)", "val loss (nats/char)")
     save_figure(ctx, fig, "loss_vs_steps.png")
-    header = f"Validation loss vs steps at inference, {ctx.seeds} seed(s); nats per character."
-    return write_results(ctx, table, {"rows": results}, names, header)
+    header = (f"Validation loss vs steps at inference, {len(ctx.seed_list(DEFAULT_SEEDS))} seed(s); nats per character; "
+              "models from energy_descent (NRGPT) and cem_ablation (CEM T=2).")
+    return write_results(ctx, table, {"rows": results, "sources": names}, header)

@@ -1,37 +1,46 @@
 """(c) ``listops_transition``: ListOps accuracy vs parameters for NRGPT FF1, NRGPT FF2W and
-GPT_Rec_parallel over widths 8 … 64 (docs/nrgpt.md §8). The paper reports the ≥ 80 % transition
-at 2.3–3.0 × 10⁴ parameters for all three (GPT_Rec_parallel 2.3e4, FF1 2.4e4, FF2W 2.98e4).
+GPT_Rec_parallel (docs/nrgpt.md §8). The paper reports the ≥ 80 % transition at 2.3–3.0 × 10⁴
+parameters for all three (GPT_Rec_parallel 2.3e4, FF1 2.4e4, FF2W 2.98e4) after 100k iterations.
 
-Data: ``energyformer prepare listops`` (the released code's settings). Models as the reference's
-ListOps runs: one head, 5 recurrent steps, strict mask (NRGPT ``preset: reference_listops``),
-block 128, batch 64, AdamW (wd 0.01, β₂ 0.999), LR 5e-4 decaying exponentially to 2e-5 —
-but 400 steps instead of the reference's 100k iterations. Accuracy: greedy final answer on 300
-held-out test problems (± standard error), per seed.
+Protocol on 2 CPU cores, in two stages:
 
-Budget: 3 models × 6 widths × seeds runs of 400 steps: estimated 35–45 minutes on 2 CPU cores
-for one seed (``--seeds 1``; 3 seeds triple it). Short training is expected to move the
-transition to larger widths than the paper's. ``--quick``: 600 expressions, widths 8 and 16,
-20 steps, 20 test problems, ≈ 15 s.
+1. **Pilot**: GPT_Rec_parallel d_model 50 (``configs/listops/gpt_rec_parallel.yaml``: one head,
+   5 recurrent steps, block 128, batch 64, AdamW wd 0.01, β₂ 0.999), LR 2e-3, 10,000 steps
+   with the reference's decay horizon (exponential decay set for 100,000 iterations, so the LR is
+   still 63% of its peak at the end), 50 evaluations.
+2. **Widths** (only if the pilot reaches 80%): the three models at widths around the paper's
+   transition with the pilot's budget. If the pilot stays below 80%, the table says so and the
+   sweep is left to the GPU profile (``--profile paper``).
+
+Reported beside accuracy: the floors on the same test problems (always answering the majority
+answer; the majority answer per root function; the generator's entropy floor of the loss) and
+the end-token rate, the loss on the predictable tokens after the first ``=``, and per-function
+accuracy on single-function test sets.
+
+Budget (idle 2-core CPU): the pilot ≈ 45 minutes; the width stage 15 runs ≈ 10 hours.
+``--quick``: 600 expressions, width 8, 20 steps, 20 test problems.
 """
 from __future__ import annotations
 
 from typing import Any
 
+from energyformer.experiments.common import (Context, converged_cell, convergence, markdown_table, mean_std,
+                                             plot_learning_curves, record_dir, resolve, train_or_resume,
+                                             write_results)
 
-
-from energyformer.experiments.common import Context, finish_axes, save_figure, markdown_table, mean_std, pm, pyplot, train_or_resume, write_results
-
-WIDTHS = (8, 12, 16, 24, 32, 64)
-MODELS: dict[str, dict[str, Any]] = {
-    "NRGPT FF1": {"arch": "nrgpt", "preset": "reference_listops", "ff": "ff1"},
-    "NRGPT FF2W": {"arch": "nrgpt", "preset": "reference_listops", "ff": "ff2w"},
-    "GPT_Rec_parallel": {"arch": "gpt_rec", "parallel": True},
+MODELS: dict[str, str] = {
+    "GPT_Rec_parallel": "listops/gpt_rec_parallel.yaml",
+    "NRGPT FF1": "listops/nrgpt_ff1.yaml",
+    "NRGPT FF2W": "listops/nrgpt_ff2w.yaml",
 }
+PILOT_WIDTH, PILOT_LR, PILOT_STEPS, DECAY_HORIZON = 50, 2e-3, 10_000, 100_000
+WIDTHS = (16, 24, 32, 40, 50)
+N_TEST = 300
 
 
-def data_section(ctx: Context) -> dict[str, Any]:
+def data_section(ctx: Context) -> dict[str, Any] | None:
     if not ctx.quick:
-        return {"dataset": "listops", "root": str(ctx.data_root)}
+        return None
     from energyformer.data.task_data import prepare_task_data
 
     out = prepare_task_data("listops", out_dir=ctx.runs / "data" / "listops", verbose=False, n_train=500,
@@ -39,14 +48,14 @@ def data_section(ctx: Context) -> dict[str, Any]:
     return {"dataset": out.name, "root": str(out.parent)}
 
 
-def config(ctx: Context, model: dict[str, Any], width: int, seed: int, data: dict[str, Any]) -> dict[str, Any]:
-    q = ctx.quick
-    shape = {"d_model": width, "n_heads": 1, "n_steps": 5, "block_size": 64 if q else 128}
-    train = {"max_steps": 20 if q else 400, "batch_size": 8 if q else 64, "learning_rate": 5e-4, "min_lr": 2e-5,
-             "lr_schedule": "exponential", "warmup_steps": 0, "weight_decay": 0.01, "beta2": 0.999,
-             "eval_interval": 10 if q else 200, "eval_iters": 2 if q else 10, "log_interval": 10, "seed": seed,
-             "device": "cpu"}
-    return {"model": {**model, **shape}, "data": data, "train": train}
+def config(ctx: Context, recipe: str, width: int, seed: int) -> dict[str, Any]:
+    """The recipe at ``width`` with the pilot's LR, budget and the reference's decay horizon."""
+    steps = PILOT_STEPS
+    train = {"max_steps": steps, "learning_rate": PILOT_LR, "lr_decay_steps": DECAY_HORIZON,
+             "eval_interval": steps // 50, "log_interval": 50, "seed": seed}
+    quick = {"model": {"block_size": 64}, "train": {"lr_decay_steps": 200}} if ctx.quick else {}
+    return resolve(ctx, recipe, {"model": {"d_model": width}, "train": train}, quick, data=data_section(ctx),
+                   swept=("d_model",))
 
 
 def transition(points: list[tuple[int, float]], level: float = 0.8) -> int | None:
@@ -55,61 +64,59 @@ def transition(points: list[tuple[int, float]], level: float = 0.8) -> int | Non
     return hits[0] if hits else None
 
 
-def run(ctx: Context) -> dict[str, Any]:
-    """Train every model × width × seed and score held-out accuracy."""
+def _score(ctx: Context, name: str, problems, data_dir: str) -> dict[str, Any]:
     from energyformer.data import load_tokenizer
-    from energyformer.data.listops import read_test
     from energyformer.runs.rundir import load_run
     from energyformer.tasks.listops import evaluate_listops
 
-    data = data_section(ctx)
-    data_dir = f"{data['root']}/{data['dataset']}"
-    problems = read_test(data_dir)[: 20 if ctx.quick else 300]
-    widths = (8, 16) if ctx.quick else WIDTHS
-    results: dict[str, list[dict[str, Any]]] = {m: [] for m in MODELS}
-    names, rows = [], []
-    for label, model in MODELS.items():
-        for width in widths:
-            accs, params = [], None
-            for seed in ctx.seed_list():
-                name = f"{label.replace(' ', '_')}_d{width}_s{seed}"
-                summary = train_or_resume(ctx, name, config(ctx, model, width, seed, data))
-                net, _, meta = load_run(ctx.runs / name)
-                ev = evaluate_listops(net, load_tokenizer(meta), problems)
-                params = summary["params"]
-                accs.append(ev["accuracy"])
-                results[label].append({"width": width, "seed": seed, "params": params, "accuracy": ev["accuracy"],
-                                       "stderr": ev["stderr"], "per_function": ev["per_function"],
-                                       "best_val_loss": summary["best_val_loss"]})
-                names.append(name)
-            se = results[label][-1]["stderr"] if len(accs) == 1 else mean_std(accs)[1]
-            rows.append([label, width, f"{params:,}", f"{mean_std(accs)[0]:.3f} ± {se:.3f}",
-                         pm([r["best_val_loss"] for r in results[label] if r["width"] == width])])
-    table = markdown_table(["model", "d_model", "params", "accuracy", "best val loss"], rows)
-    trans = {}
-    for label, rs in results.items():
-        by_p: dict[int, list[float]] = {}
-        for r in rs:
-            by_p.setdefault(r["params"], []).append(r["accuracy"])
-        trans[label] = transition([(p, mean_std(a)[0]) for p, a in by_p.items()])
-    table += "\n\n" + markdown_table(["model", "≥80% transition (params)", "paper"],
-                                     [[m, "not reached" if t is None else f"{t:,}", p] for (m, t), p in
-                                      zip(trans.items(), ("2.4e4", "2.98e4", "2.3e4"))])
+    where = record_dir(ctx, name)
+    net, _, meta = load_run(where)
+    ev = evaluate_listops(net, load_tokenizer(meta), problems)
+    return {"accuracy": ev["accuracy"], "stderr": ev["stderr"], "per_function": ev["per_function"],
+            "convergence": convergence(where), "dir": where}
 
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label, rs in results.items():
-        ps = sorted({r["params"] for r in rs})
-        acc = [mean_std([r["accuracy"] for r in rs if r["params"] == p])[0] for p in ps]
-        ax.plot(ps, acc, "o-", label=label)
-    ax.axhline(0.8, color="gray", linestyle=":")
-    ax.axvspan(2.3e4, 3.0e4, color="gray", alpha=0.15, label="paper's transition")
-    ax.set_ylim(-0.02, 1.02)
-    finish_axes(ax, "parameters", "held-out accuracy", logx=True)
-    save_figure(ctx, fig, "accuracy_vs_params.png")
-    spread = "± standard error (1 seed)" if ctx.seeds == 1 else f"± std over {ctx.seeds} seeds"
-    header = f"ListOps held-out accuracy (greedy final answer, {len(problems)} test problems, {spread})."
-    return write_results(ctx, table, {"rows": results, "transition": trans}, names, header)
+
+def run(ctx: Context) -> dict[str, Any]:
+    """The pilot, then (if it reaches 80%) the width sweep of the three models."""
+    from energyformer.data.listops import read_test
+
+    data = data_section(ctx)
+    data_dir = f"{data['root']}/{data['dataset']}" if data else f"{ctx.data_root}/listops"
+    problems = read_test(data_dir)[: 20 if ctx.quick else N_TEST]
+    width = 8 if ctx.quick else PILOT_WIDTH
+    pilot_name = f"pilot_GPT_Rec_parallel_d{width}_s1"
+    summary = train_or_resume(ctx, pilot_name, config(ctx, MODELS["GPT_Rec_parallel"], width, 1), keep_weights=True)
+    pilot = {**_score(ctx, pilot_name, problems, data_dir), "params": summary["params"],
+             "final_val_loss": summary["final_val_loss"]}
+    rows = [["GPT_Rec_parallel (pilot)", width, f"{pilot['params']:,}", f"{pilot['accuracy']:.3f} ± {pilot['stderr']:.3f}",
+             f"{pilot['final_val_loss']:.4f}", converged_cell([pilot["convergence"]])]]
+    groups = {"pilot": [pilot.pop("dir")]}
+    sweep: dict[str, list[dict[str, Any]]] = {}
+    if pilot["accuracy"] >= 0.8:
+        for label, recipe in MODELS.items():
+            for w in ((8, 16) if ctx.quick else WIDTHS):
+                name = f"{label.replace(' ', '_')}_d{w}_s1"
+                s = train_or_resume(ctx, name, config(ctx, recipe, w, 1), keep_weights=True)
+                ev = _score(ctx, name, problems, data_dir)
+                groups.setdefault(label, []).append(ev.pop("dir"))
+                sweep.setdefault(label, []).append({"width": w, "params": s["params"], **ev,
+                                                    "final_val_loss": s["final_val_loss"]})
+                rows.append([label, w, f"{s['params']:,}", f"{ev['accuracy']:.3f} ± {ev['stderr']:.3f}",
+                             f"{s['final_val_loss']:.4f}", converged_cell([ev["convergence"]])])
+    table = markdown_table(["model", "d_model", "params", "accuracy ± s.e.", "val loss", "converged"], rows)
+    if sweep:
+        trans = {m: transition([(r["params"], r["accuracy"]) for r in rs]) for m, rs in sweep.items()}
+        table += "\n\n" + markdown_table(["model", "≥80% transition (params)"],
+                                         [[m, "not reached" if t is None else f"{t:,}"] for m, t in trans.items()])
+        verdict = "The pilot reached 80%; the width stage ran at the pilot's budget."
+    else:
+        verdict = (f"The pilot reached {pilot['accuracy']:.1%} < 80% at {PILOT_STEPS:,} steps: the width sweep is left "
+                   "to the GPU profile (`energyformer experiment listops_transition --profile paper`).")
+    plot_learning_curves(ctx, groups, "curves.png", ylabel="val loss (nats/token)")
+    header = (f"ListOps held-out accuracy (greedy final answer, {len(problems)} test problems, ± standard error, 1 seed), "
+              f"{PILOT_STEPS:,} steps with the reference's {DECAY_HORIZON:,}-iteration decay horizon.")
+    return write_results(ctx, table, {"pilot": pilot, "widths": sweep, "mean_acc": mean_std([pilot["accuracy"]])[0]},
+                         header, verdict)
 
 
 __all__ = ["run", "transition"]

@@ -1,66 +1,99 @@
-"""(d) ``shakespeare_scaling``: NRGPT vs GPT vs GPT_Rec_parallel at 3 sizes on Shakespeare-char:
-best validation loss and the train–validation gap (docs/nrgpt.md §8: the paper reports that
-NRGPT overfits less at large sizes, with a best validation loss comparable to GPT's).
+"""(d) ``shakespeare_scaling``: overfitting of NRGPT vs GPT vs GPT_Rec_parallel at 3 widths on a
+small Shakespeare-char slice: best and final validation loss and the train–validation gap
+(docs/nrgpt.md §8: the paper reports that NRGPT overfits less at large sizes, with a best
+validation loss comparable to GPT's).
 
-Data: ``energyformer prepare shakespeare_char``. Models: d_model ∈ {32, 64, 128}, 4 heads
-(2 at d 32), NRGPT FF2W and GPT_Rec_parallel with 4 recurrent steps, GPT with 4 layers; block
-128, batch 32, 500 steps, dropout 0 (overfitting needs far longer runs: the gap here measures
-the early trend only).
+Data: a 0.5 MB slice of Shakespeare-char (``prepare_dataset(slice_bytes=500_000)``, prepared on
+first use into ``DATA_ROOT/shakespeare_500k``; ≈ 450k training characters). Runs: the recipes
+``configs/shakespeare_char/{nrgpt, gpt, gpt_rec_parallel}.yaml`` at d_model ∈ {64, 128, 256}
+(4 heads), dropout 0.1, 5,500 steps × 32 × 128 ≈ 50 epochs, constant LR with a 10% cooldown,
+50 evaluations. The LR of each family is chosen at d_model 128 by a sweep over
+{3e-4, 1e-3, 3e-3} at 1,375 steps (seed 1). One seed per width (``--seeds K`` for more).
 
-Budget: 9 configurations × seeds runs of 500 steps: estimated 35–45 minutes on 2 CPU cores for
-one seed (``--seeds 1``). ``--quick``: the docstring corpus, d_model 8/16/24, 20 steps, ≈ 15 s.
+Budget (idle 2-core CPU): 9 runs of 5,500 steps and 9 sweep runs of 1,375 steps ≈ 4–5 hours.
+``--quick``: the docstring corpus, d_model 16, 20 steps.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from energyformer.experiments.common import Context, finish_axes, save_figure, char_data, markdown_table, pm, pyplot, train_or_resume, write_results
+from energyformer.experiments.common import (Context, char_data, converged_cell, convergence, finish_axes, lr_sweep,
+                                             markdown_table, plot_learning_curves, pm, pyplot, record_dir, resolve,
+                                             save_figure, schedule, sweep_table, train_or_resume, write_results)
 
-SIZES = (32, 64, 128)
-MODELS: dict[str, dict[str, Any]] = {
-    "NRGPT FF2W": {"arch": "nrgpt", "ff": "ff2w", "n_steps": 4},
-    "GPT": {"arch": "gpt", "n_layers": 4},
-    "GPT_Rec_parallel": {"arch": "gpt_rec", "parallel": True, "n_steps": 4},
+WIDTHS = (64, 128, 256)
+MODELS: dict[str, str] = {
+    "NRGPT FF2W": "shakespeare_char/nrgpt.yaml",
+    "GPT": "shakespeare_char/gpt.yaml",
+    "GPT_Rec_parallel": "shakespeare_char/gpt_rec_parallel.yaml",
 }
+SLICE_BYTES = 500_000
+STEPS, SWEEP_STEPS, LRS, SWEEP_WIDTH = 5500, 1375, (3e-4, 1e-3, 3e-3), 128
+DEFAULT_SEEDS = 1
 
 
-def config(ctx: Context, model: dict[str, Any], width: int, seed: int) -> dict[str, Any]:
-    q = ctx.quick
-    shape = {"d_model": width, "n_heads": 2 if width <= 32 else 4, "block_size": 32 if q else 128}
-    train = {"max_steps": 20 if q else 500, "batch_size": 4 if q else 32, "learning_rate": 1e-3, "min_lr": 1e-4,
-             "warmup_steps": 5 if q else 50, "eval_interval": 10 if q else 100, "eval_iters": 2 if q else 10,
-             "log_interval": 10, "seed": seed, "device": "cpu"}
-    return {"model": {**model, **shape}, "data": char_data(ctx), "train": train}
+def data_section(ctx: Context) -> dict[str, Any]:
+    """The slice (prepared on first use), or the quick corpus."""
+    quick = char_data(ctx)
+    if quick is not None:
+        return quick
+    from energyformer.data.prepare import prepare_dataset
+
+    root = ctx.data_root / "shakespeare_500k"
+    out = prepare_dataset("shakespeare_char", out_root=root, slice_bytes=SLICE_BYTES, verbose=False)
+    return {"dataset": out.name, "root": str(root)}
+
+
+def config(ctx: Context, recipe: str, width: int, lr: float, steps: int, seed: int,
+           data: dict[str, Any]) -> dict[str, Any]:
+    model = {"d_model": width, "n_heads": 4, "dropout": 0.1}
+    return resolve(ctx, recipe, {"model": model}, {"train": {**schedule(ctx, steps, lr), "seed": seed}}, data=data,
+                   swept=("d_model",))
 
 
 def run(ctx: Context) -> dict[str, Any]:
-    """Train every model × size × seed; tabulate best val loss and the final train − val gap."""
-    sizes = (8, 16, 24) if ctx.quick else SIZES
-    results: dict[str, list[dict[str, Any]]] = {m: [] for m in MODELS}
-    rows, names = [], []
-    for label, model in MODELS.items():
-        for width in sizes:
+    """Sweep the LR per family at d 128, then every model × width; tabulate losses and the gap."""
+    data = data_section(ctx)
+    widths = (8, 16, 24) if ctx.quick else WIDTHS
+    sweep_width = 16 if ctx.quick else SWEEP_WIDTH
+    sweeps, results, rows, groups = [], {}, [], {}
+    for label, recipe in MODELS.items():
+        sweep = lr_sweep(ctx, label.replace(" ", "_"),
+                         lambda lr, steps, r=recipe: config(ctx, r, sweep_width, lr, steps, 1, data), LRS, SWEEP_STEPS)
+        sweeps.append(sweep)
+        for width in widths:
             got = []
-            for seed in ctx.seed_list():
+            for seed in ctx.seed_list(DEFAULT_SEEDS):
                 name = f"{label.replace(' ', '_')}_d{width}_s{seed}"
-                s = train_or_resume(ctx, name, config(ctx, model, width, seed))
+                s = train_or_resume(ctx, name, config(ctx, recipe, width, sweep["best_lr"], STEPS, seed, data))
+                where = record_dir(ctx, name)
+                groups.setdefault(f"{label} d{width}", []).append(where)
                 got.append({"width": width, "seed": seed, "params": s["params"], "best_val_loss": s["best_val_loss"],
-                            "gap": s["final_val_loss"] - s["final_train_loss"]})
-                names.append(name)
-            results[label] += got
-            rows.append([label, width, f"{got[0]['params']:,}", pm([g["best_val_loss"] for g in got]),
-                         pm([g["gap"] for g in got])])
-    table = markdown_table(["model", "d_model", "params", "best val loss", "val − train (final)"], rows)
+                            "final_val_loss": s["final_val_loss"], "gap": s["final_val_loss"] - s["final_train_loss"],
+                            "convergence": convergence(where)})
+            results.setdefault(label, []).extend(got)
+            rows.append([label, width, f"{got[0]['params']:,}", f"{sweep['best_lr']:g}",
+                         pm([g["best_val_loss"] for g in got]), pm([g["final_val_loss"] for g in got]),
+                         pm([g["gap"] for g in got]), converged_cell([g["convergence"] for g in got])])
+    table = markdown_table(["model", "d_model", "params", "LR", "best val loss", "final val loss",
+                            "val − train (final)", "converged"], rows)
+    _plots(ctx, results, groups)
+    header = (f"Overfitting on a {SLICE_BYTES / 1e6:.1f} MB Shakespeare-char slice (dropout 0.1, ≈ 50 epochs); losses "
+              "in nats per character. A positive val − train gap that grows with width is overfitting.")
+    return write_results(ctx, table, {"rows": results, "lr_sweeps": sweeps}, header,
+                         "LR sweeps (d_model 128, seed 1, final val loss):\n\n" + sweep_table(sweeps))
+
+
+def _plots(ctx: Context, results: dict[str, Any], groups) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for label, rs in results.items():
         ps = sorted({r["params"] for r in rs})
         for ax, key in zip(axes, ("best_val_loss", "gap")):
-            ax.plot(ps, [sum(r[key] for r in rs if r["params"] == p) / len([r for r in rs if r["params"] == p])
-                         for p in ps], "o-", label=label)
+            vals = [[r[key] for r in rs if r["params"] == p] for p in ps]
+            ax.plot(ps, [sum(v) / len(v) for v in vals], "o-", label=label)
     for ax, title in zip(axes, ("best val loss (nats/char)", "final val − train loss")):
         ax.set_title(title, fontsize=10)
         finish_axes(ax, "parameters", logx=True)
     save_figure(ctx, fig, "scaling.png")
-    header = f"Shakespeare-char scaling, {ctx.seeds} seed(s); losses in nats per character."
-    return write_results(ctx, table, {"rows": results}, names, header)
+    plot_learning_curves(ctx, groups, "curves.png", ylabel="val loss (nats/char)")
