@@ -9,7 +9,8 @@ from helpers import make_data_dir
 import torch
 
 from energyformer.models import ARCHS, get_arch
-from energyformer.train import TrainingDivergedError, load_config, load_run, lr_at, train
+from energyformer.runs import load_config, load_run
+from energyformer.train import TrainingDivergedError, lr_at, train
 from energyformer.train import loop as loop_mod
 from energyformer.runs.checkpoint import find_checkpoint, load_train_state
 from energyformer.runs.config import TrainConfig
@@ -142,7 +143,8 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path, monke
     from energyformer.models.gpt import GPT
 
     out = tmp_path / "run"
-    monkeypatch.setattr(GPT, "forward", _nan_after(GPT.forward, k=7))
+    # the 1st training forward measures the FLOPs per token (models/flops.py); the 8th is step 7's
+    monkeypatch.setattr(GPT, "forward", _nan_after(GPT.forward, k=8))
     cfg = tiny_cfg(data_dir, out, max_steps=10, ckpt_interval=4, eval_interval=4)
     with pytest.raises(TrainingDivergedError, match=r"step 7: loss is nan.*step 4"):
         train(cfg, progress=False)

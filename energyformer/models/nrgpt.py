@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn as nn
 
-from energyformer._validate import check_choice, check_divides, check_float, check_int
+from energyformer._validate import check_choice, check_float, check_int, check_width
 from energyformer.energies.nrgpt import MASKS
 from energyformer.layers.kv_cache import cache_length
 from energyformer.layers.norms import LayerNorm, canonical_norm
@@ -31,7 +31,8 @@ from energyformer.layers.nrgpt import NRGPTBlock
 from energyformer.layers.nrgpt_options import FF_ENERGIES, NRGPT_ATTENTIONS
 from energyformer.layers.nrgpt_recurrent import NRGPTRecurrent
 from energyformer.layers.step_maps import STEP_MAPS
-from energyformer.models.base import LearnedPositionLM, ModelConfig
+from energyformer.models.base import LearnedPositionLM
+from energyformer.models.config import ModelConfig
 
 PRESETS = (None, "reference", "reference_listops")
 
@@ -92,9 +93,7 @@ class NRGPTConfig(ModelConfig):
         super().__post_init__()
         check_choice("preset", self.preset, PRESETS)
         ref = self.preset is not None
-        check_int("d_model", self.d_model, 1)
-        check_int("n_heads", self.n_heads, 1)
-        check_divides("n_heads", self.n_heads, "d_model", self.d_model)
+        check_width(self.d_model, self.n_heads)
         check_int("n_steps", self.n_steps, 1)
         FF_ENERGIES.check(self.ff)
         if self.d_ff is None:

@@ -11,7 +11,8 @@ from typing import Any
 import torch.nn as nn
 
 from energyformer._validate import check_choice
-from energyformer.models.base import CausalLM, ModelConfig
+from energyformer.models.base import CausalLM
+from energyformer.models.config import ModelConfig
 
 # arch name -> (module, model class, config class)
 ARCHS: dict[str, tuple[str, str, str]] = {
