@@ -390,3 +390,24 @@ def test_an_allocation_failure_in_a_step_is_one_clear_error(data_dir, tmp_path, 
     monkeypatch.setattr(GPT, "forward", too_big)
     with pytest.raises(ValueError, match=r"out of memory in training step 1 .*train\.batch_size \(now 8\)"):
         train(tiny_cfg(data_dir, tmp_path / "run", max_steps=2), progress=False)
+
+
+def test_mfu_uses_the_measured_flops_of_the_model_once_per_run(data_dir, tmp_path, monkeypatch):
+    """The loop's MFU is models/flops.py's measured count (which charges a recurrent model for
+    every step), measured once per run, not a parameter-count rule."""
+    from energyformer.models.flops import training_flops_per_token
+
+    calls = []
+
+    def counted(model, *a, **k):
+        calls.append(training_flops_per_token(model, *a, **k))
+        return calls[-1]
+
+    monkeypatch.setattr(loop_mod, "training_flops_per_token", counted)
+    monkeypatch.setattr(loop_mod, "peak_flops", lambda device: 1e12)
+    model = dict(arch="nrgpt", d_model=32, n_heads=2, n_steps=3)
+    s = train(tiny_cfg(data_dir, tmp_path / "run", model=model, max_steps=4, eval_iters=1), progress=False)
+    assert len(calls) == 1
+    assert s["mfu"] == pytest.approx(calls[0] * s["tokens_per_s"] / 1e12)
+    assert calls[0] > 6 * s["params_non_embedding"]  # the shared block is charged for each of its 3 steps
+    assert not hasattr(loop_mod, "estimate_flops_per_token")
