@@ -17,8 +17,9 @@ The library's front door (docs/python.md)::
   config (:class:`GPTConfig`, :class:`LlamaConfig`, :class:`CEMConfig`, :class:`NRGPTConfig`,
   :class:`RecurrentGPTConfig`; the base :class:`ModelConfig`), or by :func:`build_model`;
 * **runs**: the run config (:class:`RunConfig`, :class:`DataConfig`, :class:`TrainConfig`,
-  :func:`load_config`), :func:`train` and :func:`load_run` (a trained run directory back to its
-  model).
+  :func:`load_config`) and :func:`load_run` (a trained run directory back to its model); the
+  training loop is ``energyformer.train.train`` (``energyformer.train`` is the package, so the
+  function is not a name here).
 
 Names are imported on first use, so ``import energyformer`` stays cheap. The math of each
 layer is in docs/ (start at docs/README.md).
@@ -49,7 +50,6 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("RecurrentGPT", "RecurrentGPTConfig"), "energyformer.models.recurrent_gpt"),
     **dict.fromkeys(("RunConfig", "DataConfig", "TrainConfig", "load_config"), "energyformer.runs.config"),
     "load_run": "energyformer.runs.rundir",
-    "train": "energyformer.train.loop",
 }
 
 __all__ = ["__version__", "build_model", *_EXPORTS]

@@ -37,6 +37,124 @@ def test_every_front_door_name_is_the_object_of_its_one_home(name):
     assert name in energyformer.__all__ and name in dir(energyformer)
 
 
+def test_no_front_door_name_hides_a_subpackage():
+    import pkgutil
+
+    subpackages = {m.name for m in pkgutil.iter_modules(energyformer.__path__)}
+    assert "train" in subpackages and not subpackages & set(energyformer.__all__)
+
+
 def test_an_unknown_name_is_an_attribute_error():
     with pytest.raises(AttributeError, match="no attribute 'CEMAtention'"):
         energyformer.CEMAtention  # noqa: B018
+
+
+@pytest.mark.parametrize("name", ["DataConfig", "RunConfig", "TrainConfig", "load_config", "save_config", "load_run"])
+def test_run_configs_have_one_home_and_the_old_import_still_works_with_a_warning(name):
+    import energyformer.runs as runs
+    import energyformer.train as train_pkg
+
+    with pytest.warns(FutureWarning, match=f"energyformer.train.{name} is deprecated; import it from energyformer.runs"):
+        old = getattr(train_pkg, name)
+    assert old is getattr(runs, name)
+    assert name not in train_pkg.__all__
+
+
+def test_build_model_has_one_entry_point():
+    import energyformer.models as models
+    from energyformer.models.registry import build_model
+
+    with pytest.warns(FutureWarning, match="use energyformer.build_model"):
+        assert models.build_model is build_model
+    assert "build_model" not in models.__all__
+    model = energyformer.build_model({"arch": "gpt", "vocab_size": 11, "block_size": 8, "d_model": 8, "n_heads": 2})
+    assert type(model).__name__ == "GPT"
+
+
+@pytest.mark.parametrize("kw,pattern", [
+    (dict(d_model=0), "d_model=0 must be >= 1"),
+    (dict(d_model=64, n_heads=0), "n_heads=0 must be >= 1"),
+    (dict(d_model=64, n_heads=3), "n_heads=3 must divide d_model=64"),
+    (dict(d_model=64, n_heads=3, head_dim=0), "head_dim=0 must be >= 1"),
+    (dict(d_model=64.0, n_heads=4), "d_model=64.0 must be an integer"),
+])
+def test_one_width_check(kw, pattern):
+    from energyformer._validate import check_width
+
+    with pytest.raises(ValueError, match=pattern):
+        check_width(**kw)
+
+
+@pytest.mark.parametrize("arch", ["gpt", "gpt_rec", "llama", "cem", "nrgpt"])
+def test_every_config_checks_its_width_with_it(arch):
+    from energyformer.layers.baseline import CausalSelfAttention
+
+    with pytest.raises(ValueError, match="n_heads=3 must divide d_model=64"):
+        energyformer.build_model({"arch": arch, "vocab_size": 11, "d_model": 64, "n_heads": 3})
+    with pytest.raises(ValueError, match="d_model=0 must be >= 1"):
+        energyformer.build_model({"arch": arch, "vocab_size": 11, "d_model": 0})
+    with pytest.raises(ValueError, match="n_heads=3 must divide d_model=64"):
+        CausalSelfAttention(64, 3)
+    from energyformer._validate import check_width
+
+    assert check_width(64, 4) == 16 and check_width(64, 3, head_dim=8) == 8 and check_width(64) is None
+
+
+def test_no_front_door_name_hides_a_subpackage():
+    import pkgutil
+
+    subpackages = {m.name for m in pkgutil.iter_modules(energyformer.__path__)}
+    assert "train" in subpackages and not subpackages & set(energyformer.__all__)
+
+
+def test_an_unknown_name_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="no attribute 'CEMAtention'"):
+        energyformer.CEMAtention  # noqa: B018
+
+
+@pytest.mark.parametrize("name", ["DataConfig", "RunConfig", "TrainConfig", "load_config", "save_config", "load_run"])
+def test_run_configs_have_one_home_and_the_old_import_still_works_with_a_warning(name):
+    import energyformer.runs as runs
+    import energyformer.train as train_pkg
+
+    with pytest.warns(FutureWarning, match=f"energyformer.train.{name} is deprecated; import it from energyformer.runs"):
+        old = getattr(train_pkg, name)
+    assert old is getattr(runs, name)
+    assert name not in train_pkg.__all__
+
+
+def test_build_model_has_one_entry_point():
+    import energyformer.models as models
+    from energyformer.models.registry import build_model
+
+    with pytest.warns(FutureWarning, match="use energyformer.build_model"):
+        assert models.build_model is build_model
+    assert "build_model" not in models.__all__
+    model = energyformer.build_model({"arch": "gpt", "vocab_size": 11, "block_size": 8, "d_model": 8, "n_heads": 2})
+    assert type(model).__name__ == "GPT"
+
+
+@pytest.mark.parametrize("kw,pattern", [
+    (dict(d_model=0), "d_model=0 must be >= 1"),
+    (dict(d_model=64, n_heads=0), "n_heads=0 must be >= 1"),
+    (dict(d_model=64, n_heads=3), "n_heads=3 must divide d_model=64"),
+    (dict(d_model=64, n_heads=3, head_dim=0), "head_dim=0 must be >= 1"),
+    (dict(d_model=64.0, n_heads=4), "d_model=64.0 must be an integer"),
+])
+def test_one_width_check_for_every_config_and_layer(kw, pattern):
+    from energyformer._validate import check_width
+    from energyformer.layers.baseline import CausalSelfAttention
+
+    with pytest.raises(ValueError, match=pattern):
+        check_width(**kw)
+    for arch in ("gpt", "llama", "nrgpt"):  # the configs say it the same way
+        cfg = {"arch": arch, "vocab_size": 11, "d_model": kw["d_model"], "n_heads": kw.get("n_heads", 4)}
+        if "head_dim" in kw and arch == "llama":
+            cfg["head_dim"] = kw["head_dim"]
+        if "n_heads" in kw or kw["d_model"] == 0 or isinstance(kw["d_model"], float):
+            with pytest.raises(ValueError, match=pattern if ("head_dim" not in kw or arch == "llama") else "."):
+                energyformer.build_model(cfg)
+    if "head_dim" not in kw:
+        with pytest.raises(ValueError, match=pattern):
+            CausalSelfAttention(kw["d_model"], kw.get("n_heads", 4))
+    assert check_width(64, 4) == 16 and check_width(64, 3, head_dim=8) == 8 and check_width(64) is None
