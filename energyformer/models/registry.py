@@ -49,6 +49,9 @@ def config_from_dict(d: dict[str, Any]) -> ModelConfig:
 def build_model(spec: "ModelConfig | dict[str, Any]", **overrides: Any) -> nn.Module:
     """Build a freshly initialized model from a model config or a dict with an ``arch`` key.
 
+    The implementation behind the one public entry point, ``energyformer.build_model`` (which
+    also reads YAML recipes); inside the package, code below ``runs/`` builds models here.
+
     ``overrides`` replace model config fields, e.g. ``build_model(cfg, vocab_size=65, n_steps=6)``.
 
     Raises:
