@@ -1,9 +1,13 @@
-"""The training loop: one function, read top to bottom (nanoGPT style).
+"""The training loop, read top to bottom: :func:`train`, then the phases it runs in order.
 
-``train(run_cfg)`` checks everything that can be checked before step 1 (device, data splits
-against the context length, token ids against the vocabulary, the model's memory, the run
-directory: writable, not in use, the model and data of a checkpoint it resumes), then seeds
-everything, builds the model and AdamW, resumes when asked, and runs ``max_steps`` optimizer
+``train(run_cfg)`` checks everything that can be checked before step 1 (``_read_data`` and
+:mod:`energyformer.train.preflight`: device, data splits against the context length, token ids
+against the vocabulary, the model's memory, the run directory: writable, not in use, the model
+and data of a checkpoint it resumes), decides where the run starts (``_choose_start``), seeds
+everything, builds the model (``_build``), measures its training FLOPs per token once
+(:func:`energyformer.models.flops.training_flops_per_token`, for the logged MFU), applies
+checkpointing, DDP/FSDP2 and compile (:func:`energyformer.train.parallelize.parallelize`),
+builds AdamW, resumes when asked, and ``_Loop`` runs ``max_steps`` optimizer
 steps of ``grad_accum_steps`` micro-batches each, with warmup + cosine LR (``optim.lr_at``),
 gradient clipping, periodic evaluation and checkpoints, ``metrics.jsonl`` (+ TensorBoard)
 logging and a tqdm progress bar. A non-finite loss or gradient norm stops the run with
