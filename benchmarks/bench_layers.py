@@ -41,7 +41,7 @@ from common import (LAYER_SHAPES, check_exit, run_main, default_out, find_name, 
 
 import energyformer.models.flops  # noqa: F401  (registers the CPU SDPA FLOP formulas)
 from energyformer.layers import CEMBlock, GPTBlock, NRGPTBlock
-from energyformer.models.base import default_d_ff
+from energyformer.models.config import default_d_ff
 
 LLAMA = "transformers LlamaDecoderLayer"
 GPT_REC = "gpt_rec_parallel block"

@@ -45,6 +45,7 @@ from common import (MODEL_SHAPES, ModelShape, autocast, check_exit, run_main, de
 
 from energyformer import build_model
 from energyformer.models.flops import training_flops_per_token
+from energyformer.train.parallelize import apply_activation_checkpointing
 
 MFU_GOAL = 0.40
 COMPILE_GOAL = 1.0  # eager ms / compiled ms
@@ -219,7 +220,7 @@ def measure(s: ModelShape, *, vocab: int, repeats: int, device: str, precision: 
             for key, t, ck in (("t1", 1, False), ("t4", 4, False), ("t4_ckpt", 4, True)):
                 model = build({**cfg, "n_steps": t}, s, vocab, device)
                 if ck:
-                    model.set_activation_checkpointing()
+                    apply_activation_checkpointing(model)
                 mem = activation_memory(model, idx, device, precision)
                 row.update({f"{key}_{k}": v for k, v in mem.items()})
                 if t == 4:

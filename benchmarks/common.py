@@ -65,7 +65,7 @@ def heads_for(d_model: int) -> int:
 def model_shape(d_model: int = 128, *, n_heads: int | None = None, depth: int = 4, block_size: int = 128,
                 batch_size: int = 32) -> ModelShape:
     """The model rows' shape at a width (d_ff from ``default_d_ff``, heads from :func:`heads_for`)."""
-    from energyformer.models.base import default_d_ff
+    from energyformer.models.config import default_d_ff
 
     h = n_heads if n_heads is not None else heads_for(d_model)
     if d_model % h:

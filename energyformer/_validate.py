@@ -71,3 +71,24 @@ def check_divides(name_a: str, a: int, name_b: str, b: int) -> None:
     """Raise ``ValueError`` unless ``a`` divides ``b`` (e.g. ``n_heads`` divides ``d_model``)."""
     if b % a != 0:
         raise ValueError(f"{name_a}={a} must divide {name_b}={b} (got remainder {b % a})")
+
+
+def check_width(d_model: Any, n_heads: Any = None, head_dim: Any = None) -> int | None:
+    """The one check of a model's or layer's width: ``d_model >= 1``; with ``n_heads``, also
+    ``n_heads >= 1`` and, unless an explicit ``head_dim >= 1`` is given, ``n_heads`` dividing
+    ``d_model``.
+
+    Returns:
+        the head size in use (``head_dim``, or ``d_model // n_heads``), or ``None`` without ``n_heads``.
+
+    Raises:
+        ValueError: naming the offending value, e.g. ``n_heads=3 must divide d_model=64``.
+    """
+    check_int("d_model", d_model, 1)
+    if n_heads is None:
+        return None
+    check_int("n_heads", n_heads, 1)
+    if head_dim is not None:
+        return check_int("head_dim", head_dim, 1)
+    check_divides("n_heads", n_heads, "d_model", d_model)
+    return d_model // n_heads

@@ -22,3 +22,11 @@ def make_data_dir(path, n_words=2000, seed=0):
             "chars": chars, "dtype": "uint16", "n_train": int(n), "n_val": int(len(ids) - n)}
     (path / "meta.json").write_text(json.dumps(meta))
     return path
+
+
+def fenced_blocks(text, lang="python"):
+    """The bodies of the Markdown code blocks fenced as ```lang, in order (the README tests read
+    ```bash blocks the same way)."""
+    import re
+
+    return re.findall(rf"```{lang}\n(.*?)```", text, re.S)

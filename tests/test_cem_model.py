@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from energyformer.models.base import default_d_ff
+from energyformer.models.config import default_d_ff
 from energyformer.models.cem import CEMConfig, CEMLlama
 from energyformer.models.registry import build_model, config_from_dict
 

@@ -1,4 +1,4 @@
-"""Activation checkpointing (CausalLM.set_activation_checkpointing): the same loss and gradients,
+"""Activation checkpointing (energyformer.train.parallelize.apply_activation_checkpointing): the same loss and gradients,
 and activation memory that no longer grows with the number of descent steps.
 
 Memory is measured exactly as the bytes of the tensors autograd saves for the backward pass
@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from energyformer.models.registry import LANGUAGE_MODELS, build_model
+from energyformer.train.parallelize import apply_activation_checkpointing
 
 V, N = 64, 64
 
@@ -41,7 +42,7 @@ def test_checkpointing_gives_the_same_loss_and_gradients(arch, kw):
     idx = torch.randint(0, V, (2, N), generator=torch.Generator().manual_seed(1))
     model = _model(arch, **kw)
     _, loss, grads = _saved_bytes_and_grads(model, idx)
-    _, loss_ck, grads_ck = _saved_bytes_and_grads(model.set_activation_checkpointing(), idx)
+    _, loss_ck, grads_ck = _saved_bytes_and_grads(apply_activation_checkpointing(model), idx)
     torch.testing.assert_close(loss_ck, loss)
     assert grads.keys() == grads_ck.keys()
     for name in grads:
@@ -55,13 +56,13 @@ def test_t4_with_checkpointing_saves_at_most_1_3_times_t1(arch):
     depth = {"cem": dict(n_layers=2), "nrgpt": {}, "gpt_rec": {}}[arch]
     t1, _, _ = _saved_bytes_and_grads(_model(arch, n_steps=1, **depth), idx)
     t4, _, _ = _saved_bytes_and_grads(_model(arch, n_steps=4, **depth), idx)
-    t4_ck, _, _ = _saved_bytes_and_grads(_model(arch, n_steps=4, **depth).set_activation_checkpointing(), idx)
+    t4_ck, _, _ = _saved_bytes_and_grads(apply_activation_checkpointing(_model(arch, n_steps=4, **depth)), idx)
     assert t4 > 2 * t1  # without checkpointing memory grows with T
     assert t4_ck <= 1.3 * t1, (t1, t4, t4_ck)
 
 
 def test_no_checkpointing_without_gradients_or_in_eval():
-    model = _model("nrgpt").set_activation_checkpointing()
+    model = apply_activation_checkpointing(_model("nrgpt"))
     idx = torch.randint(0, V, (1, 8))
     with torch.no_grad():
         a = model(idx)[0]

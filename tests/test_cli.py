@@ -81,7 +81,7 @@ def test_info(recipe, capsys):
     assert main(["info", str(path), "--model.n_layers", "2"]) == 0
     out = capsys.readouterr().out
     from energyformer import build_model
-    from energyformer.train import load_config
+    from energyformer.runs import load_config
 
     n = build_model(load_config(path, ["--model.n_layers", "2"], resolve_vocab=True).model).num_params()
     assert f"{n:,}" in out

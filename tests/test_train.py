@@ -9,7 +9,8 @@ from helpers import make_data_dir
 import torch
 
 from energyformer.models import ARCHS, get_arch
-from energyformer.train import TrainingDivergedError, load_config, load_run, lr_at, train
+from energyformer.runs import load_config, load_run
+from energyformer.train import TrainingDivergedError, lr_at, train
 from energyformer.train import loop as loop_mod
 from energyformer.runs.checkpoint import find_checkpoint, load_train_state
 from energyformer.runs.config import TrainConfig
@@ -142,7 +143,8 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path, monke
     from energyformer.models.gpt import GPT
 
     out = tmp_path / "run"
-    monkeypatch.setattr(GPT, "forward", _nan_after(GPT.forward, k=7))
+    # the 1st training forward measures the FLOPs per token (models/flops.py); the 8th is step 7's
+    monkeypatch.setattr(GPT, "forward", _nan_after(GPT.forward, k=8))
     cfg = tiny_cfg(data_dir, out, max_steps=10, ckpt_interval=4, eval_interval=4)
     with pytest.raises(TrainingDivergedError, match=r"step 7: loss is nan.*step 4"):
         train(cfg, progress=False)
@@ -405,3 +407,24 @@ def test_an_allocation_failure_in_a_step_is_one_clear_error(data_dir, tmp_path, 
     monkeypatch.setattr(GPT, "forward", too_big)
     with pytest.raises(ValueError, match=r"out of memory in training step 1 .*train\.batch_size \(now 8\)"):
         train(tiny_cfg(data_dir, tmp_path / "run", max_steps=2), progress=False)
+
+
+def test_mfu_uses_the_measured_flops_of_the_model_once_per_run(data_dir, tmp_path, monkeypatch):
+    """The loop's MFU is models/flops.py's measured count (which charges a recurrent model for
+    every step), measured once per run, not a parameter-count rule."""
+    from energyformer.models.flops import training_flops_per_token
+
+    calls = []
+
+    def counted(model, *a, **k):
+        calls.append(training_flops_per_token(model, *a, **k))
+        return calls[-1]
+
+    monkeypatch.setattr(loop_mod, "training_flops_per_token", counted)
+    monkeypatch.setattr(loop_mod, "peak_flops", lambda device: 1e12)
+    model = dict(arch="nrgpt", d_model=32, n_heads=2, n_steps=3)
+    s = train(tiny_cfg(data_dir, tmp_path / "run", model=model, max_steps=4, eval_iters=1), progress=False)
+    assert len(calls) == 1
+    assert s["mfu"] == pytest.approx(calls[0] * s["tokens_per_s"] / 1e12)
+    assert calls[0] > 6 * s["params_non_embedding"]  # the shared block is charged for each of its 3 steps
+    assert not hasattr(loop_mod, "estimate_flops_per_token")

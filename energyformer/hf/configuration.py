@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from transformers import PretrainedConfig
 
-from energyformer.models.base import ModelConfig
+from energyformer.models.config import ModelConfig
 from energyformer.models.registry import LANGUAGE_MODELS, config_from_dict
 
 #: Hugging Face attribute names derived from the energyformer model config (never read back)
@@ -27,7 +27,7 @@ class EnergyformerConfig(PretrainedConfig):
 
     Args:
         energyformer: the model config dict (``arch`` and the fields of the family's
-            :class:`~energyformer.models.base.ModelConfig`); missing fields take their defaults.
+            :class:`~energyformer.models.config.ModelConfig`); missing fields take their defaults.
         **kwargs: the usual :class:`~transformers.PretrainedConfig` arguments (``pad_token_id``...).
 
     Raises:
@@ -60,7 +60,7 @@ class EnergyformerConfig(PretrainedConfig):
         self.tie_word_embeddings = bool(getattr(c, "tie_embeddings", False))
 
     def model_config(self) -> ModelConfig:
-        """The :class:`~energyformer.models.base.ModelConfig` this config describes."""
+        """The :class:`~energyformer.models.config.ModelConfig` this config describes."""
         return config_from_dict(self.energyformer)
 
 

@@ -19,3 +19,7 @@ __all__ = ["CEMAttention", "CEMBlock", "CEMGatedMLP", "CausalSelfAttention", "GP
            "RotaryEmbedding", "make_norm", "make_step_map", "StepMap", "Interaction", "MLPTie", "NRGPTAttention",
            "FFEnergy", "INTERACTIONS", "MLP_TIES", "STEP_MAPS", "NRGPT_ATTENTIONS", "FF_ENERGIES", "NORMS",
            "Trace", "TraceRecord", "tracing"]
+
+from energyformer.layers.nrgpt_recurrent import NRGPTRecurrent  # noqa: E402  (the multi-step NRGPT layer)
+
+__all__ += ["NRGPTRecurrent"]

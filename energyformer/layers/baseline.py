@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from energyformer._validate import check_choice, check_divides, check_float, check_int
+from energyformer._validate import check_choice, check_divides, check_float, check_int, check_width
 from energyformer.energies.heads import apply_rope, merge_heads, sdpa_causal_kwargs, split_heads
 from energyformer.layers.norms import RMSNorm
 from energyformer.layers.rope import RotaryEmbedding
@@ -28,7 +28,8 @@ ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
 
 
 class CausalSelfAttention(nn.Module):
-    """Causal multi-head attention ``(B, N, d) -> (B, N, d)``.
+    """Causal multi-head attention ``(B, N, d) -> (B, N, d)``: a branch output (``o_proj`` of the
+    attention), which the block adds to the residual stream.
 
     Raises:
         ValueError: ``n_heads`` does not divide ``d_model``; dropout outside [0, 1).
@@ -36,11 +37,9 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, proj_bias: bool = True):
         super().__init__()
-        check_int("d_model", d_model, 1)
-        check_int("n_heads", n_heads, 1)
-        check_divides("n_heads", n_heads, "d_model", d_model)
+        head_dim = check_width(d_model, n_heads)
         check_float("dropout", dropout, 0.0, maximum=0.999)
-        self.n_heads, self.head_dim = n_heads, d_model // n_heads
+        self.n_heads, self.head_dim = n_heads, head_dim
         self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=False)
         self.o_proj = nn.Linear(d_model, d_model, bias=proj_bias)
         self.dropout = dropout
@@ -59,7 +58,8 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    """Position-wise MLP ``(B, N, d) -> (B, N, d)``: ``Linear(d, d_ff) → act → Linear(d_ff, d)``."""
+    """Position-wise MLP ``(B, N, d) -> (B, N, d)``: ``Linear(d, d_ff) → act → Linear(d_ff, d)``, a
+    branch output that the block adds to the residual stream."""
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "gelu", dropout: float = 0.0, bias: bool = True):
         super().__init__()
@@ -75,7 +75,8 @@ class MLP(nn.Module):
 
 
 class GPTBlock(nn.Module):
-    """Pre-norm GPT block ``(B, N, d) -> (B, N, d)`` (docs/baselines.md §3).
+    """Pre-norm GPT block ``(B, N, d) -> (B, N, d)`` (docs/baselines.md §3): returns the updated
+    residual stream (the input plus both branches).
 
     ``parallel=False``: ``x ← x + Attn(LN₁x); x ← x + MLP(LN₂x)`` (GPT / GPT_Rec).
     ``parallel=True``: ``x ← x + Attn(LN₁x) + MLP(LN₂x)`` (GPT-J style; GPT_Rec_parallel).
@@ -99,7 +100,8 @@ class GPTBlock(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    """Causal multi-head attention with RoPE and optional GQA, ``(B, N, d) -> (B, N, d)``.
+    """Causal multi-head attention with RoPE and optional GQA, ``(B, N, d) -> (B, N, d)``: a branch
+    output that the block adds to the residual stream.
 
     Raises:
         ValueError: ``n_kv_heads`` not dividing ``n_heads``, odd ``head_dim``.
@@ -134,7 +136,7 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    """SwiGLU ``W_down(SiLU(W_gate x) ⊙ W_up x)``, ``(B, N, d) -> (B, N, d)``."""
+    """SwiGLU ``W_down(SiLU(W_gate x) ⊙ W_up x)``, ``(B, N, d) -> (B, N, d)``: a branch output."""
 
     def __init__(self, d_model: int, d_ff: int):
         super().__init__()
@@ -148,7 +150,8 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaBlock(nn.Module):
-    """Pre-norm Llama block ``(B, N, d) -> (B, N, d)`` (docs/baselines.md §3)."""
+    """Pre-norm Llama block ``(B, N, d) -> (B, N, d)`` (docs/baselines.md §3): returns the updated
+    residual stream (the input plus both branches)."""
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int, d_ff: int,
                  rope_theta: float = 10000.0, norm_eps: float = 1e-5):

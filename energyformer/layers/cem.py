@@ -48,7 +48,7 @@ class _CEMSubBlock(Traceable, nn.Module):
     """Shared machinery: norm, step size, preconditioner and the descent loop."""
 
     #: recompute each descent step's activations in the backward pass (set by
-    #: ``CausalLM.set_activation_checkpointing``; training with gradients only)
+    #: ``energyformer.train.parallelize.apply_activation_checkpointing``; training with gradients only)
     checkpoint_steps: bool = False
 
     def _setup_common(self, d_model: int, n_steps: int, step_size: float | None, preconditioner: str | None,
@@ -160,6 +160,9 @@ class _CEMSubBlock(Traceable, nn.Module):
 class CEMAttention(_CEMSubBlock):
     """CEM attention sub-block ``(B, N, d) -> (B, N, d)``: T descent steps on ``ε_att`` (docs/cem.md §2–§6).
 
+    Returns the updated residual stream ``x^T`` (the input moved by the steps), not a branch
+    output to add: a model calls ``x = attn(x)``, never ``x = x + attn(x)``.
+
     Parameters: the interaction's (``interaction.q_proj.weight``, ``interaction.k_proj.weight``
     (n_heads·head_dim, d_model) — no value or output projection: ``W_V = W_K``, ``W_O = W_Qᵀ`` —
     and the D+LR ``interaction.diag``, zero at init; ``q_proj``, ``k_proj`` and ``diag`` are also
@@ -250,6 +253,8 @@ class CEMAttention(_CEMSubBlock):
 class CEMGatedMLP(_CEMSubBlock):
     """CEM gated-MLP sub-block ``(B, N, d) -> (B, N, d)``: T descent steps on ``ε_mlp`` (docs/cem.md §3, §6).
 
+    Returns the updated residual stream ``x^T``, not a branch output to add (``x = mlp(x)``).
+
     Parameters: ``gate_proj.weight`` and ``up_proj.weight`` (d_ff, d_model); the down projection
     is the transpose of the tied one (``gate_proj`` for ``mlp_tie="gate"``, ``up_proj`` for
     ``mlp_tie="up"``); the other projection feeds the fixed multiplicative branch from ``ĥ``.
@@ -305,6 +310,8 @@ class CEMGatedMLP(_CEMSubBlock):
 
 class CEMBlock(nn.Module):
     """One CEM layer ``(B, N, d) -> (B, N, d)``: attention sub-block, then MLP sub-block (docs/cem.md §1, §8).
+
+    Returns the updated residual stream (``x = block(x)``), like each of its sub-blocks.
 
     Keyword arguments are passed to :class:`CEMAttention` (``interaction``, ``rope``,
     ``rope_theta``, ``head_dim``) and :class:`CEMGatedMLP` (``mlp_tie``); the shared ones

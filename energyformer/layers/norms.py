@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from energyformer._validate import check_float, check_int
+from energyformer._validate import check_float, check_width
 from energyformer.utils.registry import Registry
 
 
@@ -26,7 +26,7 @@ class LayerNorm(nn.Module):
 
     def __init__(self, d_model: int, bias: bool = True, eps: float = 1e-5, freeze_weight: bool = False):
         super().__init__()
-        check_int("d_model", d_model, 1)
+        check_width(d_model)
         self.eps = check_float("eps", eps, 0.0, strict=True)
         self.weight = nn.Parameter(torch.ones(d_model), requires_grad=not freeze_weight)
         self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None
@@ -44,7 +44,7 @@ class RMSNorm(nn.Module):
 
     def __init__(self, d_model: int, eps: float = 1e-5, freeze_weight: bool = False):
         super().__init__()
-        check_int("d_model", d_model, 1)
+        check_width(d_model)
         self.eps = check_float("eps", eps, 0.0, strict=True)
         self.weight = nn.Parameter(torch.ones(d_model), requires_grad=not freeze_weight)
 

@@ -41,7 +41,9 @@ __all__ = ["NRGPTBlock"]
 
 
 class NRGPTBlock(Traceable, nn.Module):
-    """One NRGPT descent step ``(B, N, d) -> (B, N, d)`` (docs/nrgpt.md §4), applied recurrently by the model.
+    """One NRGPT descent step ``(B, N, d) -> (B, N, d)`` (docs/nrgpt.md §4), applied recurrently by
+    :class:`~energyformer.layers.nrgpt_recurrent.NRGPTRecurrent`. Returns the updated residual
+    stream ``x − κ η(force)``, not a branch output to add.
 
     Args:
         d_model: width ``d``.

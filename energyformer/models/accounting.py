@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from energyformer.models.base import ModelConfig
+from energyformer.models.config import ModelConfig
 from energyformer.models.registry import get_arch
 
 __all__ = ["parameter_counts", "parameter_report"]

@@ -19,7 +19,8 @@ from energyformer._validate import check_float, check_int
 from energyformer.layers.cem import CEMBlock
 from energyformer.layers.cem_options import INTERACTIONS, MLP_TIES
 from energyformer.layers.step_maps import STEP_MAPS
-from energyformer.models.base import LlamaShapeConfig, LlamaStyleLM
+from energyformer.models.base import LlamaStyleLM
+from energyformer.models.config import LlamaShapeConfig
 
 
 @dataclass
@@ -90,7 +91,6 @@ class CEMLlama(LlamaStyleLM):
     """
 
     embed_name, layers_name = "embed", "blocks"
-    checkpoint_layers = False  # each CEM sub-block checkpoints its descent steps
     legacy_renames = ((r"\.attn\.(q_proj|k_proj|diag)", r".attn.interaction.\1"),  # version 0.1 names
                       (r"\.precond\.", ".preconditioner."))
 

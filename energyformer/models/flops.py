@@ -48,7 +48,8 @@ def training_flops_per_token(model: nn.Module, seq_len: int | None = None) -> fl
 
     Runs the model once on random ids of shape ``(1, seq_len)`` (default ``config.block_size``)
     in training mode, with gradients, then clears the gradients it made and leaves the global RNG
-    as it found it. Call it before training starts (it costs one step).
+    (and that of the model's CUDA device) as it found it. Call it before training starts (it
+    costs one step); the training loop calls it once per run, for the MFU it logs.
 
     Raises:
         ValueError: ``seq_len`` not in ``[1, block_size]``.
@@ -61,7 +62,8 @@ def training_flops_per_token(model: nn.Module, seq_len: int | None = None) -> fl
     was_training = model.training
     model.train()
     try:
-        with torch.random.fork_rng(devices=[]), counter:  # dropout draws must not move the training RNG
+        devices = [device] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), counter:  # dropout draws must not move the training RNG
             _, loss = model(idx, idx)
             loss.backward()
     finally:

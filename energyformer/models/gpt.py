@@ -15,7 +15,8 @@ import torch.nn as nn
 
 from energyformer.layers.baseline import GPTBlock
 from energyformer.layers.kv_cache import cache_length
-from energyformer.models.base import GPTShapeConfig, LearnedPositionLM, init_weights
+from energyformer.models.base import LearnedPositionLM, init_weights
+from energyformer.models.config import GPTShapeConfig
 
 
 @dataclass
@@ -56,6 +57,6 @@ class GPT(LearnedPositionLM):
         self.check_input(idx, targets, offset)
         x = self.drop(self.embed(idx, offset))
         for i, block in enumerate(self.blocks):
-            x = self.run_unit(block, x) if cache is None else block(x, cache, i)
+            x = block(x) if cache is None else block(x, cache, i)
         logits = self.lm_head(self.ln_f(x))
         return logits, self.lm_loss(logits, targets)

@@ -6,7 +6,7 @@
 The layers (:class:`~energyformer.layers.baseline.LlamaBlock`) use Hugging Face's
 ``LlamaForCausalLM`` parameter names so weights map one to one; ``tests/test_llama.py`` checks
 logits parity with ``transformers``. ``d_ff`` defaults to the same width rule as CEM
-(:func:`energyformer.models.base.default_d_ff`) so the two are comparable.
+(:func:`energyformer.models.config.default_d_ff`) so the two are comparable.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from typing import ClassVar
 
 from energyformer._validate import check_divides, check_float, check_int
 from energyformer.layers.baseline import LlamaBlock
-from energyformer.models.base import LlamaShapeConfig, LlamaStyleLM
+from energyformer.models.base import LlamaStyleLM
+from energyformer.models.config import LlamaShapeConfig
 
 
 @dataclass

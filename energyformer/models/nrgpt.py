@@ -23,14 +23,16 @@ from typing import Any, ClassVar
 import torch
 import torch.nn as nn
 
-from energyformer._validate import check_choice, check_divides, check_float, check_int
+from energyformer._validate import check_choice, check_float, check_int, check_width
 from energyformer.energies.nrgpt import MASKS
 from energyformer.layers.kv_cache import cache_length
 from energyformer.layers.norms import LayerNorm, canonical_norm
 from energyformer.layers.nrgpt import NRGPTBlock
 from energyformer.layers.nrgpt_options import FF_ENERGIES, NRGPT_ATTENTIONS
+from energyformer.layers.nrgpt_recurrent import NRGPTRecurrent
 from energyformer.layers.step_maps import STEP_MAPS
-from energyformer.models.base import LearnedPositionLM, ModelConfig
+from energyformer.models.base import LearnedPositionLM
+from energyformer.models.config import ModelConfig
 
 PRESETS = (None, "reference", "reference_listops")
 
@@ -91,9 +93,7 @@ class NRGPTConfig(ModelConfig):
         super().__post_init__()
         check_choice("preset", self.preset, PRESETS)
         ref = self.preset is not None
-        check_int("d_model", self.d_model, 1)
-        check_int("n_heads", self.n_heads, 1)
-        check_divides("n_heads", self.n_heads, "d_model", self.d_model)
+        check_width(self.d_model, self.n_heads)
         check_int("n_steps", self.n_steps, 1)
         FF_ENERGIES.check(self.ff)
         if self.d_ff is None:
@@ -141,8 +141,14 @@ class NRGPTConfig(ModelConfig):
         return cls(preset="reference" if task == "lm" else "reference_listops", **overrides)
 
 
-class NRGPT(LearnedPositionLM):
-    """NRGPT language model ``idx (B, N) -> logits (B, N, V)`` (docs/nrgpt.md §6)."""
+class NRGPT(NRGPTRecurrent, LearnedPositionLM):
+    """NRGPT language model ``idx (B, N) -> (logits (B, N, V), loss or None)`` (docs/nrgpt.md §6).
+
+    The model is the :class:`~energyformer.layers.nrgpt_recurrent.NRGPTRecurrent` layer (the
+    shared ``block``, ``step_scales``, the descent) with token and position embeddings and an LM
+    head; it inherits the layer rather than holding it so that its weight names stay ``block.*``
+    and ``step_scales``.
+    """
 
     legacy_renames = ((r"^block\.(J|alpha|q_proj\.weight|k_proj\.weight)$", r"block.attention.\1"),  # version 0.1
                       (r"^block\.(up_proj|down_proj|in_proj)\.", r"block.ff.\1."),
@@ -151,51 +157,30 @@ class NRGPT(LearnedPositionLM):
                       (r"^block\.eta_([LS])$", r"block.eta.\1"))
 
     def __init__(self, config: NRGPTConfig):
-        super().__init__()
+        LearnedPositionLM.__init__(self)  # the embeddings are drawn first, as in every earlier version
         self.config = c = config
         self.make_embeddings(c, c.d_model)
-        self.block = NRGPTBlock(
+        self.setup_recurrence(NRGPTBlock(
             c.d_model, c.n_heads, attention=c.attention, head_dim=c.head_dim, beta=c.beta,
             learn_alpha=c.learn_alpha, mask=c.mask, ff=c.ff, d_ff=c.d_ff, eta_param=c.eta_param,
-            c_init=c.c_init, eta_rank=c.eta_rank, norm=c.norm, dropout=c.dropout)
-        self.step_scales = nn.Parameter(torch.ones(c.n_steps)) if c.per_step_scale else None
+            c_init=c.c_init, eta_rank=c.eta_rank, norm=c.norm, dropout=c.dropout), c.n_steps, c.per_step_scale)
         self.ln_f = LayerNorm(c.d_model)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=True)
         for m in (self.wte, self.wpe, self.lm_head):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
         nn.init.zeros_(self.lm_head.bias)
 
-    def step_scale(self, t: int) -> torch.Tensor | None:
-        """κ_t for step ``t`` (``None`` without per-step scales). Steps beyond the trained
-        ``n_steps`` reuse the last κ (inference-time scaling)."""
-        if self.step_scales is None:
-            return None
-        return self.step_scales[min(t, self.step_scales.numel() - 1)]
-
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
                 n_steps: int | None = None, stop_tol: float | None = None, cache=None):
-        """Run the recurrent energy descent and the LM head.
+        """Embed, run the recurrent energy descent (:meth:`NRGPTRecurrent.descend
+        <energyformer.layers.nrgpt_recurrent.NRGPTRecurrent.descend>`), apply the LM head.
 
         Args:
             idx: token ids ``(B, N)``.
             targets: ``(B, N)`` next-token ids (``-1`` ignored) or ``None``.
-            n_steps: number of descent steps T for this call (default ``config.n_steps``); may
-                exceed the trained depth (inference-time scaling; extra steps reuse the last κ).
-            stop_tol: per-token early stopping. After every step, token ``A`` of sequence ``b``
-                is frozen (its state is no longer updated in later steps) once
-                ``|E_A(xᵗ⁺¹) − E_A(xᵗ)| < stop_tol``, where ``E_A = E_AT + s_ff E_FF`` is its
-                total energy. ``E_A`` depends only on positions ≤ A, so the rule is causal.
-                The loop ends early when every token is frozen. ``None`` disables it.
-            cache: a :class:`~energyformer.layers.kv_cache.KVCache` or ``transformers`` ``Cache``
-                (docs/architecture.md §5): ``idx`` follows the cached positions. A token's keys
-                depend on its state at each step, so slot ``t`` holds every earlier token's keys
-                at step ``t`` (and, with ``stop_tol``, slot ``T`` those of the final states, for
-                the energies). Because every token's trajectory depends only on earlier tokens'
-                trajectories, the cached result equals the uncached one on the whole sequence,
-                ``stop_tol`` included: a token generated later is frozen by the same rule, against
-                the states its context tokens had at each step (a frozen token's later slots hold
-                its frozen state). A cache must be filled and reused with one ``n_steps`` and one
-                ``stop_tol`` (a ``KVCache`` checks this). Not with tracing.
+            n_steps, stop_tol, cache: as in :meth:`~energyformer.layers.nrgpt_recurrent.NRGPTRecurrent.descend`
+                (``n_steps`` defaults to ``config.n_steps``; with a cache ``idx`` follows the
+                cached positions).
 
         Returns:
             ``(logits (B, N, V), loss or None)``. Under ``with model.trace() as trace:`` the trace
@@ -213,91 +198,6 @@ class NRGPT(LearnedPositionLM):
         """
         offset = cache_length(cache)
         self.check_input(idx, targets, offset)
-        T = self.config.n_steps if n_steps is None else check_int("n_steps", n_steps, 1)
-        if stop_tol is not None:
-            stop_tol = check_float("stop_tol", stop_tol, 0.0)
-        if cache is not None:
-            logits = self.lm_head(self.ln_f(self._descend_cached(idx, offset, cache, T, stop_tol)))
-            return logits, self.lm_loss(logits, targets)
-        sink = self.block._trace
-        track = sink is not None or stop_tol is not None
-
-        x = self.embed(idx)
-        e_prev = self._energies(x) if track else None
-        active = steps = None
-        if stop_tol is not None:
-            active = torch.ones(idx.shape, dtype=torch.bool, device=idx.device)
-            steps = torch.zeros(idx.shape, dtype=torch.long, device=idx.device)
-        ran = 0
-        for t in range(T):
-            if sink is not None:
-                with torch.no_grad():
-                    sink.record(t, x, e_prev, self.block.force(x))
-            x_new = self.run_unit(self.block, x, self.step_scale(t))
-            if stop_tol is not None:
-                x_new = torch.where(active.unsqueeze(-1), x_new, x)
-                steps += active.long()
-            x, ran = x_new, t + 1
-            if track:
-                e = self._energies(x)
-                if stop_tol is not None:
-                    active = active & ~((e["total"] - e_prev["total"]).abs() < stop_tol)
-                e_prev = e
-                if stop_tol is not None and not bool(active.any()):
-                    break
-        if sink is not None:
-            sink.record(ran, x, e_prev)
-            sink.trace.steps_taken = steps
-
+        x = self.descend(self.embed(idx, offset), n_steps=n_steps, stop_tol=stop_tol, cache=cache)
         logits = self.lm_head(self.ln_f(x))
         return logits, self.lm_loss(logits, targets)
-
-    def _descend_cached(self, idx: torch.Tensor, offset: int, cache: Any, T: int,
-                        stop_tol: float | None) -> torch.Tensor:
-        """The descent of :meth:`forward` for new tokens ``idx`` (B, N) after ``offset`` cached
-        positions: returns their final states ``(B, N, d)``.
-
-        Slot ``t`` gets the keys of the states ``xᵗ`` (``t = 0 … T−1``; with ``stop_tol`` also
-        ``t = T``, for the energy of the final state). The order of the uncached loop is kept:
-        ``E(xᵗ)`` decides whether the token moves from ``xᵗ``; once every new token is frozen the
-        remaining slots get the keys of the (unchanged) states.
-        """
-        blk = self.block
-        if blk._trace is not None:
-            raise ValueError("tracing records whole sequences; call the model without a cache "
-                             "(generate(..., use_cache=False)) while tracing")
-        meta = getattr(cache, "meta", None)
-        if isinstance(meta, dict):
-            want = {"n_steps": T, "stop_tol": stop_tol}
-            have = {k: meta.get(k) for k in want}
-            if offset and have != want:
-                raise ValueError(f"this cache was filled with n_steps={have['n_steps']}, stop_tol={have['stop_tol']}; "
-                                 f"got n_steps={T}, stop_tol={stop_tol} (start a new cache to change them)")
-            meta.update(want)
-        x = self.embed(idx, offset)
-        n_slots = T + 1 if stop_tol is not None else T
-        active = e_prev = None
-        for t in range(n_slots):
-            g = blk.normalize(x)
-            keys = blk.cache_keys(g, cache, t)
-            if stop_tol is not None:
-                e = blk.energy_from_keys(g, keys)
-                total = e["attn"] + e["ff"]
-                active = torch.ones_like(total, dtype=torch.bool) if active is None else \
-                    active & ~((total - e_prev).abs() < stop_tol)
-                e_prev = total
-                if not bool(active.any()):
-                    for later in range(t + 1, n_slots):  # frozen: the same state, the same keys
-                        blk.cache_keys(g, cache, later)
-                    break
-            if t == T:
-                break
-            x_new = blk.step(x, blk.force_from_keys(g, keys), self.step_scale(t))
-            x = x_new if active is None else torch.where(active.unsqueeze(-1), x_new, x)
-        return x
-
-    @torch.no_grad()
-    def _energies(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        e = self.block.energy(x)
-        e["total"] = e["attn"] + e["ff"]
-        return e

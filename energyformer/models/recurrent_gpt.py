@@ -20,7 +20,8 @@ import torch.nn as nn
 from energyformer._validate import check_int
 from energyformer.layers.baseline import GPTBlock
 from energyformer.layers.kv_cache import cache_length
-from energyformer.models.base import GPTShapeConfig, LearnedPositionLM, init_weights
+from energyformer.models.base import LearnedPositionLM, init_weights
+from energyformer.models.config import GPTShapeConfig
 
 
 @dataclass
@@ -70,6 +71,6 @@ class RecurrentGPT(LearnedPositionLM):
         T = self.config.n_steps if n_steps is None else check_int("n_steps", n_steps, 1)
         x = self.embed(idx, offset)
         for t in range(T):
-            x = self.run_unit(self.block, x) if cache is None else self.block(x, cache, t)
+            x = self.block(x) if cache is None else self.block(x, cache, t)
         logits = self.lm_head(self.ln_f(x))
         return logits, self.lm_loss(logits, targets)

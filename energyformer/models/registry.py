@@ -11,7 +11,8 @@ from typing import Any
 import torch.nn as nn
 
 from energyformer._validate import check_choice
-from energyformer.models.base import CausalLM, ModelConfig
+from energyformer.models.base import CausalLM
+from energyformer.models.config import ModelConfig
 
 # arch name -> (module, model class, config class)
 ARCHS: dict[str, tuple[str, str, str]] = {
@@ -47,6 +48,9 @@ def config_from_dict(d: dict[str, Any]) -> ModelConfig:
 
 def build_model(spec: "ModelConfig | dict[str, Any]", **overrides: Any) -> nn.Module:
     """Build a freshly initialized model from a model config or a dict with an ``arch`` key.
+
+    The implementation behind the one public entry point, ``energyformer.build_model`` (which
+    also reads YAML recipes); inside the package, code below ``runs/`` builds models here.
 
     ``overrides`` replace model config fields, e.g. ``build_model(cfg, vocab_size=65, n_steps=6)``.
 

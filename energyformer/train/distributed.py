@@ -3,11 +3,13 @@
     torchrun --standalone --nproc_per_node=4 -m energyformer train RECIPE.yaml
     torchrun --standalone --nproc_per_node=4 -m energyformer train RECIPE.yaml --train.parallel fsdp
 
-The model code stays single-device; :func:`wrap_model` applies the parallelism afterwards in one
-place (torchtitan's pattern): ``DistributedDataParallel`` (no ``find_unused_parameters``) or
-FSDP2's ``fully_shard`` on every layer (the elements of the model's top-level ``ModuleList``
-s), on the shared block of a recurrent model (``model.block``, kept gathered across its
-``n_steps`` applications) and on the root. The backend is NCCL when the processes use CUDA
+The model code stays single-device; :mod:`energyformer.train.parallelize` applies the parallelism
+afterwards in one place (torchtitan's pattern): ``DistributedDataParallel`` (no
+``find_unused_parameters``) or FSDP2's ``fully_shard`` on every layer (the elements of the
+model's top-level ``ModuleList`` s), on the shared block of a recurrent model (``model.block``,
+kept gathered across its ``n_steps`` applications) and on the root. This module holds the
+process group and what a training step needs under it (gradient synchronisation, clipping,
+the gathered state). The backend is NCCL when the processes use CUDA
 devices, else gloo (CPU). Rank 0 logs, writes metrics and checkpoints; every rank draws its own
 micro-batches from the shared seeded batch stream (``energyformer.data.BatchSampler``), so
 ``W`` ranks with ``A`` accumulation steps train on exactly the windows that one process with
@@ -132,48 +134,6 @@ def shutdown(info: DistInfo) -> None:
     """Leave the process group (if this process joined one)."""
     if info.enabled and tdist.is_initialized():
         tdist.destroy_process_group()
-
-
-def shard_units(model: nn.Module) -> list[tuple[nn.Module, bool]]:
-    """``(module, reused)`` pairs that FSDP2 shards on their own: layers and recurrent blocks.
-
-    A model may define ``shard_units()`` returning its modules; otherwise every element of a
-    top-level ``nn.ModuleList`` (GPT blocks, Llama/CEM layers) and a top-level ``block`` (the
-    one block NRGPT and the recurrent GPT apply ``n_steps`` times; ``reused=True``).
-    """
-    if hasattr(model, "shard_units"):
-        return [(m, False) for m in model.shard_units()]
-    units = []
-    for name, child in model.named_children():
-        if isinstance(child, nn.ModuleList):
-            units.extend((m, False) for m in child)
-        elif name == "block":
-            units.append((child, True))
-    return units
-
-
-def wrap_model(model: nn.Module, info: DistInfo) -> nn.Module:
-    """The model to train: ``model`` itself (one process), DDP around it, or it sharded by FSDP2.
-
-    FSDP2 changes ``model`` in place (its parameters become DTensor shards); the returned
-    module is ``model``. A reused block is not resharded between its applications.
-    """
-    if not info.enabled:
-        return model
-    if info.parallel == "fsdp":
-        from torch.distributed.fsdp import fully_shard
-
-        # FSDP2 cannot shard 0-d parameters (scalar step sizes, scales): they stay replicated
-        # and their gradients are averaged by reduce_replicated_grads
-        scalars = {p for p in model.parameters() if p.dim() == 0}
-        for unit, reused in shard_units(model):
-            fully_shard(unit, reshard_after_forward=not reused, ignored_params=scalars or None)
-        fully_shard(model, ignored_params=scalars or None)
-        model._replicated_params = [p for p in model.parameters() if p in scalars and p.requires_grad]
-        return model
-    from torch.nn.parallel import DistributedDataParallel
-
-    return DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
 
 
 @contextlib.contextmanager

@@ -1,9 +1,13 @@
-"""The training loop: one function, read top to bottom (nanoGPT style).
+"""The training loop, read top to bottom: :func:`train`, then the phases it runs in order.
 
-``train(run_cfg)`` checks everything that can be checked before step 1 (device, data splits
-against the context length, token ids against the vocabulary, the model's memory, the run
-directory: writable, not in use, the model and data of a checkpoint it resumes), then seeds
-everything, builds the model and AdamW, resumes when asked, and runs ``max_steps`` optimizer
+``train(run_cfg)`` checks everything that can be checked before step 1 (``_read_data`` and
+:mod:`energyformer.train.preflight`: device, data splits against the context length, token ids
+against the vocabulary, the model's memory, the run directory: writable, not in use, the model
+and data of a checkpoint it resumes), decides where the run starts (``_choose_start``), seeds
+everything, builds the model (``_build``), measures its training FLOPs per token once
+(:func:`energyformer.models.flops.training_flops_per_token`, for the logged MFU), applies
+checkpointing, DDP/FSDP2 and compile (:func:`energyformer.train.parallelize.parallelize`),
+builds AdamW, resumes when asked, and ``_Loop`` runs ``max_steps`` optimizer
 steps of ``grad_accum_steps`` micro-batches each, with warmup + cosine LR (``optim.lr_at``),
 gradient clipping, periodic evaluation and checkpoints, ``metrics.jsonl`` (+ TensorBoard)
 logging and a tqdm progress bar. A non-finite loss or gradient norm stops the run with
@@ -29,8 +33,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -40,23 +42,26 @@ import torch.nn as nn
 from tqdm.auto import tqdm
 
 from energyformer.eval.loss import estimate_loss
+from energyformer.models.flops import training_flops_per_token
 from energyformer.models.registry import build_model
 from energyformer.runs import checkpoint as ckpt
 from energyformer.runs import rundir
-from energyformer.runs.config import DERIVED_TRAIN_KEYS, RunConfig, TrainConfig
+from energyformer.runs.config import RunConfig, TrainConfig
 from energyformer.runs.rng import rng_state, seed_everything, set_rng_state
 from energyformer.runs.weights import load_weights
 from energyformer.train import distributed as dist
+from energyformer.train import preflight
 from energyformer.train.metrics import MetricsLogger
 from energyformer.train.optim import build_optimizer, lr_at
+from energyformer.train.parallelize import parallelize
+from energyformer.train.preflight import resolve_resumed_train, train_on_hint
+
+__all__ = ["train", "TrainingDivergedError", "CheckpointWriteError", "peak_flops", "resolve_resumed_train",
+           "train_on_hint"]
 
 # dense bf16 peak FLOP/s for MFU; devices not listed report mfu=None
 _PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12,
                "L4": 121e12, "RTX 4090": 165e12, "RTX 3090": 71e12}
-# train settings whose change on resume is not worth a word (where and how, not what)
-_QUIET_ON_RESUME = ("out_dir", "resume", "device", "num_threads", "compile", "tensorboard")
-# bytes per parameter while training in float32: weights, gradients, AdamW's two moments
-_TRAIN_BYTES_PER_PARAM = 16
 
 
 class TrainingDivergedError(FloatingPointError):
@@ -79,8 +84,9 @@ def train(run_cfg: RunConfig, *, progress: bool | None = None) -> dict[str, Any]
         Summary dict (also ``summary.json``): ``steps`` (final step), ``steps_this_run``,
         ``resumed_from`` (step or None), ``best_val_loss``, ``final_val_loss``,
         ``final_train_loss``, ``tokens_per_s`` and ``minutes`` (over all segments of the run),
-        ``params``, ``params_non_embedding``, ``mfu`` (None when the peak FLOP/s is unknown),
-        ``device``, ``world_size``, ``out_dir``.
+        ``params``, ``params_non_embedding``, ``mfu`` (from the measured training FLOPs per token
+        of :func:`energyformer.models.flops.training_flops_per_token`; None when the peak FLOP/s
+        is unknown), ``device``, ``world_size``, ``out_dir``.
 
     Raises:
         ValueError: invalid device; data that cannot train this model (a split shorter than
@@ -104,18 +110,68 @@ def train(run_cfg: RunConfig, *, progress: bool | None = None) -> dict[str, Any]
 
 
 def _train(run_cfg: RunConfig, info: dist.DistInfo, progress: bool | None) -> dict[str, Any]:
-    from energyformer.data import BatchSampler, data_identity, get_batch, load_meta, load_split
-
     t_start = time.perf_counter()
-    tc, mc = run_cfg.train, run_cfg.model
-    out_dir = Path(tc.out_dir)
-    device = info.device
+    out_dir = Path(run_cfg.train.out_dir)
     show = progress is not False and info.is_main
     say: Callable[[str], None] = tqdm.write if show else (lambda msg: None)
+    data = _read_data(run_cfg, info)  # everything knowable, checked before anything is written
+    with preflight.locked(out_dir, info):
+        run_cfg, start = _choose_start(run_cfg, data, info, say)
+        tc = run_cfg.train
+        amp = _set_up_process(tc, info.device)
+        data_gen = torch.Generator().manual_seed(tc.seed)  # the one stream of training batches
+        model = _build(run_cfg, start, info)
+        with _out_of_memory(0, tc, Path(tc.out_dir)):  # one forward and backward of one sequence
+            flops_per_token = training_flops_per_token(model)  # measured once, on the single-device model
+        wrapped, fwd = parallelize(model, info, activation_checkpointing=tc.activation_checkpointing,
+                                   use_compile=tc.compile if tc.compile is not None else info.device.type == "cuda")
+        optimizer = build_optimizer(model, tc)  # after FSDP2 has sharded the parameters
+        loop = _Loop(run_cfg, data, info, model, optimizer, data_gen, amp=amp, say=say, t_start=t_start,
+                     wrapped=wrapped, fwd=fwd, flops_per_token=flops_per_token)
+        if start.state is not None:
+            loop.restore(start.state)
+        elif info.is_main:  # a fresh run: stale checkpoint files must never be resumed or loaded
+            ckpt.delete_checkpoint(out_dir)
+        if loop.step >= tc.max_steps:
+            kept = info.broadcast(preflight.summary_if_current(out_dir, loop.step) if info.is_main else None)
+            if kept is not None:  # nothing to train: the run's summary and config stay as they are
+                say(f"nothing to train: the run is at step {loop.step} of train.max_steps={tc.max_steps}")
+                return {**kept, "steps_this_run": 0, "resumed_from": loop.step}
+        if info.is_main:
+            rundir.write_run_files(out_dir, run_cfg, data.meta, write_meta=start.state is None)
+        info.barrier()
+        loop.run(progress, resumed=start.state is not None)
+        return loop.summary(resumed=start.state is not None)
 
-    # --- everything knowable, checked before anything is written ----------------------------------
+
+@dataclasses.dataclass
+class _Data:
+    """The prepared data of a run, read and checked once."""
+
+    path: Path
+    meta: dict[str, Any]
+    splits: dict[str, Any]
+    identity: dict[str, Any]
+
+
+@dataclasses.dataclass
+class _Start:
+    """Where a run starts: a checkpoint's train state to resume (and its directory), or the
+    weights of another run to fine-tune (``init_dir``), or neither (a fresh run)."""
+
+    state: dict[str, Any] | None = None
+    resume_dir: Path | None = None
+    init_dir: Path | None = None
+
+
+def _read_data(run_cfg: RunConfig, info: dist.DistInfo) -> _Data:
+    """Read and check the data, the memory and the out_dir before anything is written."""
+    from energyformer.data import data_identity, load_meta, load_split
+
+    tc, mc = run_cfg.train, run_cfg.model
+    out_dir = Path(tc.out_dir)
     if tc.resume == "auto" and ckpt.find_checkpoint(out_dir) is not None:
-        _require_train_state(out_dir)  # an import-hf run: say how to fine-tune it before the data is read
+        preflight.require_train_state(out_dir)  # an import-hf run: say how to fine-tune it before the data is read
     data_dir = run_cfg.data.path
     meta = load_meta(data_dir)
     if int(meta["vocab_size"]) > mc.vocab_size:
@@ -123,444 +179,263 @@ def _train(run_cfg: RunConfig, info: dist.DistInfo, progress: bool | None) -> di
                          f"({meta['vocab_size']} in {data_dir / 'meta.json'}); drop model.vocab_size from "
                          "the config to read it from meta.json")
     splits = {name: load_split(data_dir, name) for name in ("train", "val")}
-    _check_splits(splits, data_dir, int(meta["vocab_size"]), mc.block_size)
-    _check_memory(mc, device, info)
+    preflight.check_splits(splits, data_dir, int(meta["vocab_size"]), mc.block_size)
+    preflight.check_memory(mc, info.device, info)
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(f"train.out_dir={str(out_dir)!r} is a file; expected a run directory")
-    identity = data_identity(data_dir, meta)
+    return _Data(data_dir, meta, splits, data_identity(data_dir, meta))
 
-    with _locked(out_dir, info):
-        # --- the run directory: orphans, resume, schedule ----------------------------------------
-        if info.is_main:
-            removed = ckpt.clean_orphans(out_dir)
-            if removed:
-                say(f"removed what an interrupted save left in {out_dir}: {', '.join(removed)}")
-        info.barrier()
-        resume_dir = _resume_dir(tc, out_dir)
-        state, init_dir = None, None
-        if resume_dir is not None:
-            saved = _check_resumable(resume_dir, run_cfg, identity, meta)
-            tc = _keep_init_from(saved.train, tc, resume_dir, (run_cfg.explicit or {}).get("train"))
-            tc, notes = resolve_resumed_train(saved.train, tc, (run_cfg.explicit or {}).get("train"))
-            run_cfg = dataclasses.replace(run_cfg, train=tc)
-            state = ckpt.load_train_state(resume_dir)
-            say(f"resuming from {resume_dir} at step {int(state['step'])}" + (f"; {notes}" if notes else ""))
-        elif tc.init_from is not None:
-            init_dir = _check_init_from(Path(tc.init_from), run_cfg, meta, out_dir)
-            say(f"starting from the weights of {init_dir} ({ckpt.weights_path(init_dir)})")
 
-        # --- device, threads, seeds ------------------------------------------------------------
-        if tc.num_threads is not None:
-            torch.set_num_threads(tc.num_threads)
-        if device.type == "cuda":
-            torch.set_float32_matmul_precision("high")  # TF32 matmuls, as nanoGPT
-        else:
-            # Denormal floats from GELU/softmax tails made CPU steps up to ~10x slower mid-run.
-            torch.set_flush_denormal(True)
-        seed_everything(tc.seed)  # the same on every rank: identical initial weights
-        amp = (torch.autocast(device.type, dtype=torch.bfloat16) if tc.dtype == "bfloat16"
-               else contextlib.nullcontext())
-        data_gen = torch.Generator().manual_seed(tc.seed)  # the one stream of training batches
-        sampler = BatchSampler(splits["train"], tc.batch_size, mc.block_size, data_gen,
-                               rank=info.rank, world_size=info.world_size, device=device)
+def _choose_start(run_cfg: RunConfig, data: _Data, info: dist.DistInfo, say: Callable[[str], None]
+                  ) -> tuple[RunConfig, _Start]:
+    """Clean what an interrupted save left, then decide: resume (the run config a resumed run
+    continues with, its train state), fine-tune from ``init_from``, or start fresh."""
+    tc = run_cfg.train
+    out_dir = Path(tc.out_dir)
+    if info.is_main:
+        removed = ckpt.clean_orphans(out_dir)
+        if removed:
+            say(f"removed what an interrupted save left in {out_dir}: {', '.join(removed)}")
+    info.barrier()
+    resume_dir = preflight.resume_dir(tc, out_dir)
+    explicit = (run_cfg.explicit or {}).get("train")
+    if resume_dir is not None:
+        saved = preflight.check_resumable(resume_dir, run_cfg, data.identity, data.meta)
+        tc = preflight.keep_init_from(saved.train, tc, resume_dir, explicit)
+        tc, notes = preflight.resolve_resumed_train(saved.train, tc, explicit)
+        state = ckpt.load_train_state(resume_dir)
+        say(f"resuming from {resume_dir} at step {int(state['step'])}" + (f"; {notes}" if notes else ""))
+        return dataclasses.replace(run_cfg, train=tc), _Start(state=state, resume_dir=resume_dir)
+    if tc.init_from is not None:
+        init_dir = preflight.check_init_from(Path(tc.init_from), run_cfg, data.meta, out_dir)
+        say(f"starting from the weights of {init_dir} ({ckpt.weights_path(init_dir)})")
+        return run_cfg, _Start(init_dir=init_dir)
+    return run_cfg, _Start()
 
-        # --- model, parallelism, optimizer -------------------------------------------------------
-        try:
-            model = build_model(mc).to(device)
-            if tc.activation_checkpointing:
-                model.set_activation_checkpointing()
-        except (torch.OutOfMemoryError, MemoryError) as e:
-            raise ValueError(f"the model does not fit into the memory of {device} ({type(e).__name__}); "
-                             "reduce model.d_model, model.n_layers or model.vocab_size") from None
-        n_params, n_params_ne = model.num_params(), model.num_params(non_embedding=True)
-        flops_per_token = estimate_flops_per_token(model)
-        if init_dir is not None:
-            load_weights(model, ckpt.weights_path(init_dir))
-        if state is not None:
-            metadata = load_weights(model, ckpt.checkpoint_dir(resume_dir) / rundir.WEIGHTS_FILE)
-            ckpt.check_consistent(resume_dir, ckpt.find_checkpoint(resume_dir) or {"step": state["step"]},
-                                  state, metadata)
-        wrapped = dist.wrap_model(model, info)
-        optimizer = build_optimizer(model, tc)
-        start_step, best_val, totals = 0, math.inf, {"train_time_s": 0.0, "tokens": 0, "wall_s": 0.0}
-        if state is not None:
-            ckpt.restore_train_state(model, optimizer, data_gen, state)
-            ranks = state.get("rng_ranks")
-            if isinstance(ranks, list) and len(ranks) == info.world_size:
-                set_rng_state(ranks[info.rank])
-            start_step = int(state["step"])
-            best_val = math.inf if state["best_val_loss"] is None else float(state["best_val_loss"])
-            totals.update({k: state["extra"][k] for k in totals if k in state.get("extra", {})})
-        elif info.is_main:  # a fresh run: stale checkpoint files must never be resumed or loaded
-            ckpt.delete_checkpoint(out_dir)
-        if start_step >= tc.max_steps:
-            kept = info.broadcast(_summary_if_current(out_dir, start_step) if info.is_main else None)
-            if kept is not None:  # nothing to train: the run's summary and config stay as they are
-                say(f"nothing to train: the run is at step {start_step} of train.max_steps={tc.max_steps}")
-                return {**kept, "steps_this_run": 0, "resumed_from": start_step}
-        if info.is_main:
-            rundir.write_run_files(out_dir, run_cfg, meta, write_meta=state is None)
-        info.barrier()
-        metrics = MetricsLogger(out_dir, keep_until_step=start_step if state is not None else None,
+
+def _set_up_process(tc: TrainConfig, device: torch.device) -> Any:
+    """Threads, matmul precision, denormals and seeds; returns the autocast context of ``tc.dtype``."""
+    if tc.num_threads is not None:
+        torch.set_num_threads(tc.num_threads)
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls, as nanoGPT
+    else:
+        # Denormal floats from GELU/softmax tails made CPU steps up to ~10x slower mid-run.
+        torch.set_flush_denormal(True)
+    seed_everything(tc.seed)  # the same on every rank: identical initial weights
+    return (torch.autocast(device.type, dtype=torch.bfloat16) if tc.dtype == "bfloat16"
+            else contextlib.nullcontext())
+
+
+def _build(run_cfg: RunConfig, start: _Start, info: dist.DistInfo) -> nn.Module:
+    """The single-device model on its device, with the weights the run starts from."""
+    device = info.device
+    try:
+        model = build_model(run_cfg.model).to(device)
+    except (torch.OutOfMemoryError, MemoryError) as e:
+        raise ValueError(f"the model does not fit into the memory of {device} ({type(e).__name__}); "
+                         "reduce model.d_model, model.n_layers or model.vocab_size") from None
+    if start.init_dir is not None:
+        load_weights(model, ckpt.weights_path(start.init_dir))
+    if start.state is not None:
+        metadata = load_weights(model, ckpt.checkpoint_dir(start.resume_dir) / rundir.WEIGHTS_FILE)
+        ckpt.check_consistent(start.resume_dir, ckpt.find_checkpoint(start.resume_dir)
+                              or {"step": start.state["step"]}, start.state, metadata)
+    return model
+
+
+class _Loop:
+    """The state of one training call (model, optimizer, step, totals) and its steps, read in order:
+    :meth:`restore`, :meth:`run` (:meth:`train_step`, :meth:`log`, :meth:`evaluate`, :meth:`save`),
+    :meth:`summary`. ``wrapped`` and ``fwd`` come from :func:`~energyformer.train.parallelize.parallelize`;
+    checkpoints are written from ``model``."""
+
+    def __init__(self, run_cfg: RunConfig, data: _Data, info: dist.DistInfo, model: nn.Module,
+                 optimizer: torch.optim.Optimizer, data_gen: torch.Generator, *, amp: Any,
+                 say: Callable[[str], None], t_start: float, wrapped: nn.Module, fwd: nn.Module,
+                 flops_per_token: float):
+        from energyformer.data import BatchSampler
+
+        self.run_cfg, self.tc, self.data, self.info = run_cfg, run_cfg.train, data, info
+        self.model, self.optimizer, self.data_gen, self.amp, self.say = model, optimizer, data_gen, amp, say
+        self.out_dir, self.device, self.t_start = Path(self.tc.out_dir), info.device, t_start
+        self.sampler = BatchSampler(data.splits["train"], self.tc.batch_size, run_cfg.model.block_size, data_gen,
+                                    rank=info.rank, world_size=info.world_size, device=info.device)
+        self.n_params, self.n_params_ne = model.num_params(), model.num_params(non_embedding=True)
+        self.step = self.start_step = 0
+        self.best_val, self.train_loss, self.last_eval = math.inf, math.nan, {}
+        self.totals = {"train_time_s": 0.0, "tokens": 0, "wall_s": 0.0}
+        self.wrapped, self.fwd, self.flops_per_token = wrapped, fwd, flops_per_token
+        self.peak = peak_flops(info.device)
+        self.tokens_per_step = (self.tc.batch_size * self.tc.grad_accum_steps * run_cfg.model.block_size
+                                * info.world_size)
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint's train state: optimizer, batch stream, RNG, step, totals."""
+        ckpt.restore_train_state(self.model, self.optimizer, self.data_gen, state)
+        ranks = state.get("rng_ranks")
+        if isinstance(ranks, list) and len(ranks) == self.info.world_size:
+            set_rng_state(ranks[self.info.rank])
+        self.step = self.start_step = int(state["step"])
+        self.best_val = math.inf if state["best_val_loss"] is None else float(state["best_val_loss"])
+        self.totals.update({k: state["extra"][k] for k in self.totals if k in state.get("extra", {})})
+
+    def run(self, progress: bool | None, resumed: bool) -> None:
+        """Train until ``max_steps``: step, log (and evaluate), checkpoint; then restore the
+        process-wide denormal setting."""
+        tc, info = self.tc, self.info
+        metrics = MetricsLogger(self.out_dir, keep_until_step=self.start_step if resumed else None,
                                 tensorboard=tc.tensorboard) if info.is_main else None
-
-        use_compile = tc.compile if tc.compile is not None else device.type == "cuda"
-        fwd = torch.compile(wrapped) if use_compile else wrapped  # checkpoints always save `model`
-        tokens_per_step = tc.batch_size * tc.grad_accum_steps * mc.block_size * info.world_size
-        peak = peak_flops(device)
-
-        def evaluate() -> dict[str, float]:
-            return estimate_loss(fwd, {"val": splits["val"], "train": splits["train"]}, eval_iters=tc.eval_iters,
-                                 batch_size=tc.batch_size, block_size=mc.block_size, seed=tc.seed, device=device,
-                                 autocast=amp, get_batch=get_batch, rank=info.rank, world_size=info.world_size,
-                                 all_reduce=info.all_reduce if info.enabled else None)
-
-        def save(step: int, train_loss: float) -> None:
-            model_state = dist.full_model_state(model, info)  # FSDP2: every rank gathers
-            opt_state = ckpt.optimizer_state(model, optimizer) if (info.is_main or tc.parallel == "fsdp") else None
-            ranks = info.all_gather(rng_state()) if info.enabled else None
-            if info.is_main:
-                extra = {"train_loss": train_loss, **totals,
-                         "wall_s": totals["wall_s"] + time.perf_counter() - t_start}
-                try:
-                    ckpt.save_checkpoint(out_dir, model, opt_state, step, best_val, data_gen, extra=extra,
-                                         data=identity, model_state=model_state, rng_ranks=ranks)
-                except OSError as e:
-                    raise CheckpointWriteError(
-                        e.errno, f"could not write the checkpoint of step {step} into {str(out_dir)!r}: "
-                        f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "") + ". "
-                        + _kept_msg(out_dir)) from None
-            info.barrier()
-
-        # --- the loop --------------------------------------------------------------------------
-        bar = tqdm(total=tc.max_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
+        bar = tqdm(total=tc.max_steps, initial=self.start_step, desc="train", unit="step", dynamic_ncols=True,
                    disable=True if not info.is_main else ((not progress) if progress is not None else None))
-        step, train_loss, last_eval = start_step, math.nan, {}
-        interval_tokens, interval_time = 0, 0.0
-        wrapped.train()
+        interval = [0, 0.0]  # tokens, seconds since the last log line
+        self.wrapped.train()
         try:
-            while step < tc.max_steps:
+            while self.step < tc.max_steps:
                 t0 = time.perf_counter()
-                lr = lr_at(step, tc)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                loss_sum = torch.zeros((), device=device)
-                batches = sampler.next_step(tc.grad_accum_steps)
-                for i, (x, y) in enumerate(batches):
-                    with dist.sync_gradients(wrapped, sync=i == len(batches) - 1), _out_of_memory(step, tc, out_dir):
-                        with amp:
-                            _, loss = fwd(x, y)
-                        (loss / tc.grad_accum_steps).backward()
-                    loss_sum += loss.detach()
-                dist.reduce_replicated_grads(model, info)
-                train_loss = info.all_reduce(loss_sum.item() / tc.grad_accum_steps, "mean")
-                max_norm = tc.grad_clip if tc.grad_clip > 0 else math.inf
-                grad_norm = dist.clip_grad_norm(model, max_norm, info)
-                if not (math.isfinite(train_loss) and math.isfinite(grad_norm)):
-                    raise TrainingDivergedError(_diverged_msg(step + 1, train_loss, grad_norm, lr, out_dir))
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                step += 1
+                lr, grad_norm = self.train_step()
                 dt = time.perf_counter() - t0
-                interval_tokens += tokens_per_step
-                interval_time += dt
-                totals["tokens"] += tokens_per_step
-                totals["train_time_s"] += dt
-
-                do_eval = step % tc.eval_interval == 0 or step == tc.max_steps
-                do_ckpt = step % tc.ckpt_interval == 0 or step == tc.max_steps
-                if step % tc.log_interval == 0 or do_eval:
-                    tok_s = interval_tokens / max(interval_time, 1e-9)
-                    record = {"step": step, "train_loss": train_loss, "lr": lr, "grad_norm": grad_norm,
-                              "tokens_per_s": tok_s, "mfu": _mfu(flops_per_token, tok_s, peak)}
-                    if do_eval:
-                        last_eval = evaluate()
-                        if not math.isfinite(last_eval["val"]):
-                            raise TrainingDivergedError(
-                                f"validation loss is {last_eval['val']} at step {step}; not saving a checkpoint. "
-                                + _kept_msg(out_dir))
-                        best_val = min(best_val, last_eval["val"])
-                        record.update(val_loss=last_eval["val"], train_loss_eval=last_eval["train"],
-                                      best_val_loss=best_val)
-                        say(f"step {step}: train loss {last_eval['train']:.4f}, val loss "
-                            f"{last_eval['val']:.4f} (best {best_val:.4f})")
-                    if metrics is not None:
-                        metrics.log(record)
-                    if bar.disable and progress is None:  # no terminal: plain log lines instead of a bar
-                        say(f"step {step}/{tc.max_steps}: loss {train_loss:.4f}, lr {lr:.2e}, {tok_s:,.0f} tok/s")
-                    bar.set_postfix(loss=f"{train_loss:.4f}", tok_s=f"{tok_s:,.0f}", lr=f"{lr:.2e}")
-                    interval_tokens, interval_time = 0, 0.0
-                if do_ckpt:
+                interval[0] += self.tokens_per_step
+                interval[1] += dt
+                self.totals["tokens"] += self.tokens_per_step
+                self.totals["train_time_s"] += dt
+                do_eval = self.step % tc.eval_interval == 0 or self.step == tc.max_steps
+                if self.step % tc.log_interval == 0 or do_eval:
+                    self.log(metrics, bar, progress, lr, grad_norm, interval[0] / max(interval[1], 1e-9), do_eval)
+                    interval = [0, 0.0]
+                if self.step % tc.ckpt_interval == 0 or self.step == tc.max_steps:
                     # The step just taken can blow the weights up although this step's loss was finite.
-                    if not dist.all_finite(model, info):
+                    if not dist.all_finite(self.model, info):
                         raise TrainingDivergedError(
-                            f"parameters became non-finite at step {step} (lr {lr:.3g}); not saving a checkpoint. "
-                            + _kept_msg(out_dir) + " Try a lower train.learning_rate or train.grad_clip.")
-                    save(step, train_loss)
+                            f"parameters became non-finite at step {self.step} (lr {lr:.3g}); not saving a "
+                            "checkpoint. " + _kept_msg(self.out_dir) + " Try a lower train.learning_rate or "
+                            "train.grad_clip.")
+                    self.save()
                 bar.update(1)
         finally:
             bar.close()
             if metrics is not None:
                 metrics.close()
-            if device.type != "cuda":
+            if self.device.type != "cuda":
                 torch.set_flush_denormal(False)  # process-wide setting: restore PyTorch's default
 
-        if not last_eval:  # nothing trained in this call (already at max_steps): still report losses
-            last_eval = evaluate()
-            best_val = min(best_val, last_eval["val"])
-        wall_s = totals["wall_s"] + time.perf_counter() - t_start
-        tokens_per_s = totals["tokens"] / totals["train_time_s"] if totals["train_time_s"] > 0 else None
+    def train_step(self) -> tuple[float, float]:
+        """One optimizer step of ``grad_accum_steps`` micro-batches; returns ``(lr, grad_norm)``.
+
+        Raises:
+            TrainingDivergedError: a non-finite loss or gradient norm (before the weights change).
+        """
+        tc, info, step = self.tc, self.info, self.step
+        lr = lr_at(step, tc)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        loss_sum = torch.zeros((), device=self.device)
+        batches = self.sampler.next_step(tc.grad_accum_steps)
+        for i, (x, y) in enumerate(batches):
+            with dist.sync_gradients(self.wrapped, sync=i == len(batches) - 1), \
+                    _out_of_memory(step, tc, self.out_dir):
+                with self.amp:
+                    _, loss = self.fwd(x, y)
+                (loss / tc.grad_accum_steps).backward()
+            loss_sum += loss.detach()
+        dist.reduce_replicated_grads(self.model, info)
+        self.train_loss = info.all_reduce(loss_sum.item() / tc.grad_accum_steps, "mean")
+        grad_norm = dist.clip_grad_norm(self.model, tc.grad_clip if tc.grad_clip > 0 else math.inf, info)
+        if not (math.isfinite(self.train_loss) and math.isfinite(grad_norm)):
+            raise TrainingDivergedError(_diverged_msg(step + 1, self.train_loss, grad_norm, lr, self.out_dir))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return lr, grad_norm
+
+    def log(self, metrics: MetricsLogger | None, bar: Any, progress: bool | None, lr: float, grad_norm: float,
+            tok_s: float, do_eval: bool) -> None:
+        """One log record (metrics.jsonl, the bar or a plain line), with an evaluation when ``do_eval``."""
+        step, loss = self.step, self.train_loss
+        record = {"step": step, "train_loss": loss, "lr": lr, "grad_norm": grad_norm,
+                  "tokens_per_s": tok_s, "mfu": _mfu(self.flops_per_token, tok_s, self.peak)}
+        if do_eval:
+            self.last_eval = ev = self.evaluate()
+            if not math.isfinite(ev["val"]):
+                raise TrainingDivergedError(f"validation loss is {ev['val']} at step {step}; not saving a "
+                                            "checkpoint. " + _kept_msg(self.out_dir))
+            self.best_val = min(self.best_val, ev["val"])
+            record.update(val_loss=ev["val"], train_loss_eval=ev["train"], best_val_loss=self.best_val)
+            self.say(f"step {step}: train loss {ev['train']:.4f}, val loss {ev['val']:.4f} "
+                     f"(best {self.best_val:.4f})")
+        if metrics is not None:
+            metrics.log(record)
+        if bar.disable and progress is None:  # no terminal: plain log lines instead of a bar
+            self.say(f"step {step}/{self.tc.max_steps}: loss {loss:.4f}, lr {lr:.2e}, {tok_s:,.0f} tok/s")
+        bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tok_s:,.0f}", lr=f"{lr:.2e}")
+
+    def evaluate(self) -> dict[str, float]:
+        """Mean loss on ``eval_iters`` batches of each split (its own seeded batches, all ranks)."""
+        from energyformer.data import get_batch
+
+        tc, info, splits = self.tc, self.info, self.data.splits
+        return estimate_loss(self.fwd, {"val": splits["val"], "train": splits["train"]}, eval_iters=tc.eval_iters,
+                             batch_size=tc.batch_size, block_size=self.run_cfg.model.block_size, seed=tc.seed,
+                             device=self.device, autocast=self.amp, get_batch=get_batch, rank=info.rank,
+                             world_size=info.world_size, all_reduce=info.all_reduce if info.enabled else None)
+
+    def save(self) -> None:
+        """Write the checkpoint of this step (rank 0; under FSDP2 every rank gathers first).
+
+        Raises:
+            CheckpointWriteError: the checkpoint could not be written (the last one is kept).
+        """
+        info, step = self.info, self.step
+        model_state = dist.full_model_state(self.model, info)  # FSDP2: every rank gathers
+        opt_state = ckpt.optimizer_state(self.model, self.optimizer) \
+            if (info.is_main or self.tc.parallel == "fsdp") else None
+        ranks = info.all_gather(rng_state()) if info.enabled else None
+        if info.is_main:
+            extra = {"train_loss": self.train_loss, **self.totals,
+                     "wall_s": self.totals["wall_s"] + time.perf_counter() - self.t_start}
+            try:
+                ckpt.save_checkpoint(self.out_dir, self.model, opt_state, step, self.best_val, self.data_gen,
+                                     extra=extra, data=self.data.identity, model_state=model_state,
+                                     rng_ranks=ranks)
+            except OSError as e:
+                raise CheckpointWriteError(
+                    e.errno, f"could not write the checkpoint of step {step} into {str(self.out_dir)!r}: "
+                    f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "") + ". "
+                    + _kept_msg(self.out_dir)) from None
+        info.barrier()
+
+    def summary(self, resumed: bool) -> dict[str, Any]:
+        """The run's summary (also ``summary.json``, written by rank 0); see :func:`train`."""
+        if not self.last_eval:  # nothing trained in this call (already at max_steps): still report losses
+            self.last_eval = self.evaluate()
+            self.best_val = min(self.best_val, self.last_eval["val"])
+        wall_s = self.totals["wall_s"] + time.perf_counter() - self.t_start
+        train_s = self.totals["train_time_s"]
+        tokens_per_s = self.totals["tokens"] / train_s if train_s > 0 else None
         summary = {
-            "steps": step,
-            "steps_this_run": step - start_step,
-            "resumed_from": start_step if state is not None else None,
-            "best_val_loss": best_val,
-            "final_val_loss": last_eval["val"],
-            "final_train_loss": last_eval["train"],
+            "steps": self.step,
+            "steps_this_run": self.step - self.start_step,
+            "resumed_from": self.start_step if resumed else None,
+            "best_val_loss": self.best_val,
+            "final_val_loss": self.last_eval["val"],
+            "final_train_loss": self.last_eval["train"],
             "tokens_per_s": tokens_per_s,
-            "mfu": None if tokens_per_s is None else _mfu(flops_per_token, tokens_per_s, peak),
+            "mfu": None if tokens_per_s is None else _mfu(self.flops_per_token, tokens_per_s, self.peak),
             "minutes": wall_s / 60,
-            "params": n_params,
-            "params_non_embedding": n_params_ne,
-            "device": str(device),
-            "world_size": info.world_size,
-            "out_dir": str(out_dir),
+            "params": self.n_params,
+            "params_non_embedding": self.n_params_ne,
+            "device": str(self.device),
+            "world_size": self.info.world_size,
+            "out_dir": str(self.out_dir),
         }
-        if info.is_main:  # for `compare`-style tables across runs; metrics.jsonl keeps the full curve
-            rundir.write_summary(out_dir, summary)
+        if self.info.is_main:  # for `compare`-style tables across runs; metrics.jsonl keeps the full curve
+            rundir.write_summary(self.out_dir, summary)
         return summary
 
 
 # ------------------------------------------------------------------------------------------------
-# checks before step 1
+# throughput and messages
 # ------------------------------------------------------------------------------------------------
-
-def _check_splits(splits: dict[str, Any], data_dir: Path, vocab_size: int, block_size: int) -> None:
-    from energyformer.data import check_token_ids
-
-    for name, data in splits.items():
-        path = data_dir / f"{name}.bin"
-        if len(data) < block_size + 1:
-            raise ValueError(f"{path} has {len(data)} tokens but model.block_size={block_size} needs at least "
-                             f"{block_size + 1}; use a smaller --model.block_size or more text")
-        check_token_ids(data, vocab_size, path)
-
-
-def _check_memory(mc: Any, device: torch.device, info: dist.DistInfo) -> None:
-    """Refuse a model whose weights, gradients and AdamW state alone exceed the device's memory."""
-    with torch.device("meta"):
-        n = build_model(mc).num_params()
-    need = n * _TRAIN_BYTES_PER_PARAM / (info.world_size if info.parallel == "fsdp" else 1)
-    have = _memory_bytes(device)
-    if have is not None and need > have:
-        raise ValueError(f"the model has {n:,} parameters: training needs at least {need / 2**30:.1f} GiB "
-                         f"(weights, gradients, AdamW state) but {device} has {have / 2**30:.1f} GiB; reduce "
-                         "model.d_model, model.n_layers or model.vocab_size")
-
-
-def _memory_bytes(device: torch.device) -> float | None:
-    try:
-        if device.type == "cuda":
-            return float(torch.cuda.mem_get_info(device)[1])
-        if device.type == "cpu":
-            return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (AttributeError, OSError, ValueError, RuntimeError):
-        pass
-    return None
-
-
-@contextlib.contextmanager
-def _locked(out_dir: Path, info: dist.DistInfo):
-    """Rank 0 holds the run directory's lock; a directory this call created is removed on a
-    failure before anything but the lock was written into it."""
-    if not info.is_main:
-        yield
-        return
-    created = not out_dir.exists()
-    try:
-        with rundir.lock_run_dir(out_dir):
-            yield
-    except PermissionError as e:
-        raise ValueError(f"train.out_dir={str(out_dir)!r} is not writable ({e.strerror}); choose another "
-                         "--train.out_dir") from None
-    except BaseException:
-        if created and out_dir.is_dir() and {p.name for p in out_dir.iterdir()} <= {rundir.LOCK_FILE}:
-            shutil.rmtree(out_dir, ignore_errors=True)
-        raise
-
-
-def _resume_dir(tc: TrainConfig, out_dir: Path) -> Path | None:
-    """Where to resume from, or None for a fresh run.
-
-    With ``resume="auto"`` an out_dir that holds checkpoint files but no complete checkpoint
-    (marker missing or unreadable, a listed file gone) is an error rather than a fresh start:
-    a fresh start deletes those files, and they may be the only copy of trained weights.
-    """
-    if tc.resume == "never":
-        return None
-    if tc.resume == "auto":
-        if ckpt.find_checkpoint(out_dir) is not None:  # its train state was checked before the data was read
-            return out_dir
-        left = ckpt.has_checkpoint_files(out_dir)
-        if left:
-            raise ValueError(
-                f"train.out_dir={str(out_dir)!r} holds checkpoint files {left} but no complete checkpoint, so "
-                "train.resume='auto' cannot continue from it; use --train.resume never to start over "
-                "(this deletes them) or choose another --train.out_dir")
-        return None
-    path = Path(tc.resume)
-    if ckpt.find_checkpoint(path) is None:
-        raise FileNotFoundError(f"train.resume={tc.resume!r}: no complete checkpoint there (expected "
-                                f"{rundir.MARKER_FILE} and the files it lists)")
-    _require_train_state(path)
-    return path
-
-
-def train_on_hint(run_dir: str | Path) -> str:
-    """How to train further from the run directory ``run_dir``, for error messages: resume it
-    (when it has a train state) or fine-tune its weights in a new run (``train.init_from``)."""
-    run_dir = Path(run_dir)
-    config = run_dir / rundir.CONFIG_FILE
-    fine_tune = (f"to fine-tune it, start a new run from its weights: energyformer train {config} "
-                 f"--train.init_from {run_dir} --train.out_dir NEW_RUN_DIR --data.dataset NAME")
-    if (ckpt.checkpoint_dir(run_dir) / rundir.STATE_FILE).is_file():
-        return f"to continue it: energyformer train {config} --train.out_dir {run_dir}; {fine_tune}"
-    source = (ckpt.find_checkpoint(run_dir) or {}).get("imported_from")
-    made = f"made by `energyformer import-hf` from {source!r}" if source else f"no {rundir.STATE_FILE}"
-    return f"it holds weights but no training state ({made}), so training cannot resume it; {fine_tune}"
-
-
-def _require_train_state(run_dir: Path) -> None:
-    """Raise ``ValueError`` (saying how to fine-tune) if the checkpoint of ``run_dir`` holds
-    weights but no train state, as a run written by ``energyformer import-hf`` does."""
-    if not (ckpt.checkpoint_dir(run_dir) / rundir.STATE_FILE).is_file():
-        raise ValueError(f"{str(run_dir)!r}: {train_on_hint(run_dir)}")
-
-
-def _keep_init_from(saved: TrainConfig, new: TrainConfig, run_dir: Path, explicit: frozenset[str] | None
-                    ) -> TrainConfig:
-    """A resumed run keeps the ``init_from`` it started from; naming another one is an error
-    (the weights come from the checkpoint being resumed)."""
-    if new.init_from != saved.init_from and new.init_from is not None and "init_from" in (explicit or ()):
-        raise ValueError(f"train.init_from={new.init_from!r} starts a fresh run, but {str(run_dir)!r} holds a "
-                         "checkpoint that this run resumes; use --train.resume never to start over (this deletes "
-                         "that checkpoint) or choose another --train.out_dir")
-    return dataclasses.replace(new, init_from=saved.init_from)
-
-
-def _check_init_from(init_dir: Path, run_cfg: RunConfig, meta: dict[str, Any], out_dir: Path) -> Path:
-    """``init_dir`` after checking that its weights can start this run: another directory than
-    ``out_dir``, weights present, the same model (dropout aside) and the same vocabulary."""
-    from energyformer.data import identity_change, vocab_identity
-
-    if init_dir.resolve() == out_dir.resolve():
-        raise ValueError(f"train.init_from={str(init_dir)!r} is train.out_dir; a fresh run there deletes the "
-                         "weights it would start from: choose another --train.out_dir")
-    try:
-        saved = rundir.read_run_config(init_dir)
-    except FileNotFoundError as e:
-        raise FileNotFoundError(f"train.init_from={str(init_dir)!r}: {e}") from None
-    weights = ckpt.weights_path(init_dir)
-    if not weights.is_file():
-        raise FileNotFoundError(f"train.init_from={str(init_dir)!r}: no weights there ({str(weights)!r} not found)")
-    a, b = saved.model.to_dict(), run_cfg.model.to_dict()
-    diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if k != "dropout" and a.get(k) != b.get(k)}
-    if diff:
-        raise ValueError(f"train.init_from={str(init_dir)!r} holds a different model (its vs this run's: {diff}); "
-                         f"train with its model section, e.g. energyformer train {init_dir / rundir.CONFIG_FILE} "
-                         f"--train.init_from {init_dir} --train.out_dir NEW_RUN_DIR --data.dataset NAME")
-    if (init_dir / rundir.META_FILE).is_file():
-        saved_meta = rundir.read_run_meta(init_dir)
-        change = identity_change(vocab_identity(saved_meta), vocab_identity(meta), saved_meta, meta)
-        if change:
-            raise ValueError(f"the data in {str(run_cfg.data.path)!r} are not tokenized like the run "
-                             f"train.init_from={str(init_dir)!r}: {change}; prepare the data with its tokenizer")
-    return init_dir
-
-
-def _check_resumable(run_dir: Path, run_cfg: RunConfig, identity: dict[str, Any], meta: dict[str, Any]) -> RunConfig:
-    """The saved run config, after checking that the data (first: a changed vocabulary changes
-    the model's vocab_size too) and the model are the run's."""
-    from energyformer.data import identity_change, vocab_identity
-
-    saved = rundir.read_run_config(run_dir)
-    marker = ckpt.find_checkpoint(run_dir) or {}
-    saved_meta = rundir.read_run_meta(run_dir) if (run_dir / rundir.META_FILE).is_file() else None
-    recorded = marker.get("data") or (vocab_identity(saved_meta) if saved_meta else None)
-    if isinstance(recorded, dict):
-        change = identity_change(recorded, identity, saved_meta, meta)
-        if change:
-            raise ValueError(f"the data in {str(run_cfg.data.path)!r} differ from the data run {str(run_dir)!r} "
-                             f"was trained on: {change}; resume on the same data, or use --train.resume never "
-                             "to start over or another --train.out_dir")
-    if saved.model != run_cfg.model:
-        a, b = saved.model.to_dict(), run_cfg.model.to_dict()
-        diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
-        raise ValueError(f"{str(run_dir)!r} holds a checkpoint of a different model (saved vs now: {diff}); "
-                         "use --train.resume never to start over or choose another --train.out_dir")
-    return saved
-
-
-def resolve_resumed_train(saved: TrainConfig, new: TrainConfig, explicit: frozenset[str] | None
-                          ) -> tuple[TrainConfig, str]:
-    """The train config a resumed run continues with, and what changed, in words.
-
-    The run's derived values (``DERIVED_TRAIN_KEYS``: ``lr_decay_steps``, ``min_lr``,
-    ``ckpt_interval``) are kept unless ``explicit`` (the keys given by the recipe or the command
-    line; ``None``: unknown, keep ``new`` as it is) names them, so raising ``max_steps`` does
-    not re-derive the learning-rate schedule.
-
-    Raises:
-        ValueError: the kept values are invalid with the new ones (e.g. ``min_lr`` above a
-            lowered ``learning_rate``): the message names the key to give.
-    """
-    kept = {}
-    if explicit is not None:
-        kept = {k: getattr(saved, k) for k in DERIVED_TRAIN_KEYS
-                if k not in explicit and getattr(saved, k) != getattr(new, k)}
-    try:
-        resolved = dataclasses.replace(new, **kept)
-    except ValueError as e:
-        raise ValueError(f"{e} (kept from the resumed run; give --train.{' / --train.'.join(kept)} explicitly)") from None
-    changed = [f"train.{f.name} {getattr(saved, f.name)} → {getattr(resolved, f.name)}"
-               for f in dataclasses.fields(TrainConfig)
-               if f.name not in _QUIET_ON_RESUME and getattr(saved, f.name) != getattr(resolved, f.name)]
-    words = []
-    if changed:
-        words.append("changed: " + ", ".join(changed))
-    if kept:
-        words.append("kept the run's " + ", ".join(f"train.{k}={v}" for k, v in kept.items())
-                     + " (give them explicitly to change them)")
-    return resolved, "; ".join(words)
-
-
-def _summary_if_current(out_dir: Path, step: int) -> dict[str, Any] | None:
-    try:
-        summary = rundir.read_summary(out_dir)
-    except (FileNotFoundError, ValueError):
-        return None
-    return summary if summary.get("steps") == step else None
-
-
-# ------------------------------------------------------------------------------------------------
-# helpers
-# ------------------------------------------------------------------------------------------------
-
-def estimate_flops_per_token(model: nn.Module) -> float:
-    """Training FLOPs per token (forward + backward), for MFU.
-
-    A model may define ``flops_per_token()`` for its own count. Otherwise nanoGPT's estimate
-    ``6 N + 12 L d T`` (N non-embedding params, L layers x recurrence steps, d width, T block),
-    which undercounts models that reuse one block's weights many times only in the ``6 N`` term
-    (rough; MFU is a throughput hint, not a measurement).
-    """
-    if hasattr(model, "flops_per_token"):
-        return float(model.flops_per_token())
-    c = model.config
-    depth = getattr(c, "n_layers", 1) * getattr(c, "n_steps", 1)
-    d = getattr(c, "d_model", 0)
-    return 6.0 * model.num_params(non_embedding=True) + 12.0 * depth * d * c.block_size
-
 
 def peak_flops(device: torch.device) -> float | None:
     """Dense bf16 peak FLOP/s of a known CUDA GPU, else ``None``."""

@@ -1,0 +1,102 @@
+"""docs/python.md is code a user pastes: every ```python block runs, in order, in one namespace,
+and the front door (``from energyformer import ...``) holds every name it promises."""
+from pathlib import Path
+
+import pytest
+from helpers import fenced_blocks, make_data_dir
+
+import energyformer
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCKS = fenced_blocks((ROOT / "docs" / "python.md").read_text(encoding="utf-8"))
+
+
+def test_the_page_has_python_blocks():
+    assert len(BLOCKS) >= 5
+    assert "from energyformer import" in BLOCKS[0]
+
+
+def test_every_python_block_runs_in_order(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    make_data_dir(tmp_path / "data" / "tiny")  # the dataset the training block names
+    namespace = {"__name__": "docs_python"}
+    for i, block in enumerate(BLOCKS):
+        try:
+            exec(compile(block, f"docs/python.md block {i}", "exec"), namespace)
+        except Exception as e:  # name the block that failed
+            pytest.fail(f"docs/python.md block {i} raised {type(e).__name__}: {e}\n{block}")
+    assert (tmp_path / "out" / "tiny_nrgpt" / "summary.json").is_file()
+
+
+@pytest.mark.parametrize("name", sorted(energyformer._EXPORTS))
+def test_every_front_door_name_is_the_object_of_its_one_home(name):
+    import importlib
+
+    home = energyformer._EXPORTS[name]
+    assert getattr(energyformer, name) is getattr(importlib.import_module(home), name)
+    assert name in energyformer.__all__ and name in dir(energyformer)
+
+
+def test_no_front_door_name_hides_a_subpackage():
+    import pkgutil
+
+    subpackages = {m.name for m in pkgutil.iter_modules(energyformer.__path__)}
+    assert "train" in subpackages and not subpackages & set(energyformer.__all__)
+
+
+def test_an_unknown_name_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="no attribute 'CEMAtention'"):
+        energyformer.CEMAtention  # noqa: B018
+
+
+@pytest.mark.parametrize("name", ["DataConfig", "RunConfig", "TrainConfig", "load_config", "save_config", "load_run"])
+def test_run_configs_have_one_home_and_the_old_import_still_works_with_a_warning(name):
+    import energyformer.runs as runs
+    import energyformer.train as train_pkg
+
+    with pytest.warns(FutureWarning, match=f"energyformer.train.{name} is deprecated; import it from energyformer.runs"):
+        old = getattr(train_pkg, name)
+    assert old is getattr(runs, name)
+    assert name not in train_pkg.__all__
+
+
+def test_build_model_has_one_entry_point():
+    import energyformer.models as models
+    from energyformer.models.registry import build_model
+
+    with pytest.warns(FutureWarning, match="use energyformer.build_model"):
+        assert models.build_model is build_model
+    assert "build_model" not in models.__all__
+    model = energyformer.build_model({"arch": "gpt", "vocab_size": 11, "block_size": 8, "d_model": 8, "n_heads": 2})
+    assert type(model).__name__ == "GPT"
+
+
+@pytest.mark.parametrize("kw,pattern", [
+    (dict(d_model=0), "d_model=0 must be >= 1"),
+    (dict(d_model=64, n_heads=0), "n_heads=0 must be >= 1"),
+    (dict(d_model=64, n_heads=3), "n_heads=3 must divide d_model=64"),
+    (dict(d_model=64, n_heads=3, head_dim=0), "head_dim=0 must be >= 1"),
+    (dict(d_model=64.0, n_heads=4), "d_model=64.0 must be an integer"),
+])
+def test_one_width_check(kw, pattern):
+    from energyformer._validate import check_width
+
+    with pytest.raises(ValueError, match=pattern):
+        check_width(**kw)
+
+
+@pytest.mark.parametrize("arch", ["gpt", "gpt_rec", "llama", "cem", "nrgpt"])
+def test_every_config_checks_its_width_with_it(arch):
+    from energyformer.layers.baseline import CausalSelfAttention
+
+    with pytest.raises(ValueError, match="n_heads=3 must divide d_model=64"):
+        energyformer.build_model({"arch": arch, "vocab_size": 11, "d_model": 64, "n_heads": 3})
+    with pytest.raises(ValueError, match="d_model=0 must be >= 1"):
+        energyformer.build_model({"arch": arch, "vocab_size": 11, "d_model": 0})
+    with pytest.raises(ValueError, match="n_heads=3 must divide d_model=64"):
+        CausalSelfAttention(64, 3)
+    from energyformer._validate import check_width
+
+    assert check_width(64, 4) == 16 and check_width(64, 3, head_dim=8) == 8 and check_width(64) is None
+
+
