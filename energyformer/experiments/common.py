@@ -91,14 +91,9 @@ def train_or_resume(ctx: Context, run: str, cfg: dict[str, Any]) -> dict[str, An
     run_cfg = load_config(cfg, resolve_vocab=True)
     n_threads = torch.get_num_threads()
     try:
-        if run_cfg.model.arch == "regressor":
-            from energyformer.experiments.regression_train import train_regressor
+        from energyformer.train import train
 
-            summary = train_regressor(run_cfg)
-        else:
-            from energyformer.train.loop import train
-
-            summary = train(run_cfg, progress=False)
+        summary = train(run_cfg, progress=False)
     finally:
         torch.set_num_threads(n_threads)
     ctx.say(f"  {run}: best val {summary['best_val_loss']:.4f}, {summary['params']:,} params, "

@@ -1,4 +1,5 @@
-"""Training: the loop, optimizer/schedule and the metrics log.
+"""Training: ``train(run_cfg)`` (the loop for the arch: language model or regressor), optimizer/schedule
+and the metrics log.
 
     from energyformer.train import load_config, train
     summary = train(load_config("configs/shakespeare_char/gpt.yaml", ["--train.max_steps", "100"],
@@ -9,7 +10,8 @@ and ``load_run`` live in ``energyformer.runs``; they are re-exported here for co
 """
 from energyformer.runs.config import DataConfig, RunConfig, TrainConfig, load_config, save_config
 from energyformer.runs.rundir import load_run
-from energyformer.train.loop import TrainingDivergedError, train
+from energyformer.train.dispatch import train
+from energyformer.train.loop import TrainingDivergedError
 from energyformer.train.optim import build_optimizer, lr_at
 
 __all__ = ["DataConfig", "RunConfig", "TrainConfig", "load_config", "save_config", "train",
