@@ -3,6 +3,7 @@
     energyformer prepare shakespeare_char|english|listops|gp [options]   # `prepare NAME --help`
     energyformer prepare text FILE [--out DIR] [--tokenizer char] [--force]
     energyformer train RECIPE.yaml [--section.key value ...]      # RECIPE --help lists every key
+    energyformer train --config RECIPE.yaml [--section.key value ...]                # the same
     energyformer sample RUN_DIR --prompt TEXT [--max_new_tokens N] [--temperature T] [--top_k K] [--seed S]
         [--top_p P] [--min_p P] [--repetition_penalty R] [--stop TEXT] [--interactive] [--use_cache false]
     energyformer info RECIPE.yaml|RUN_DIR [--section.key value ...]
@@ -71,7 +72,8 @@ def _command_parser(name: str, fn: Callable[..., Any]) -> ArgParser:
     sub = ArgParser(prog=f"energyformer {name}", description=doc)
     skip = _SKIP.get(name, set())
     sub.add_function_arguments(fn, as_positional=True, skip=skip)
-    if "overrides" in skip:
+    if "overrides" in skip:  # the recipe may also be given as --config RECIPE
+        sub.config_flag = "config"
         sub.add_argument("overrides", nargs=REMAINDER, metavar="--section.key VALUE",
                          help="overrides of recipe values, e.g. --train.max_steps 100 --model.n_steps=6")
     if "run_dirs" in skip:

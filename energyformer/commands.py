@@ -284,6 +284,11 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
 
     if not interactive:
         return run([prompt] if isinstance(prompt, str) else list(prompt))
+    return _interactive(run)
+
+
+def _interactive(run: Callable[[list[str]], list[str]]) -> None:
+    """``sample --interactive``: continue each line of standard input until its end."""
     while True:
         if sys.stdin.isatty():
             print("> ", end="", file=sys.stderr, flush=True)

@@ -12,6 +12,7 @@ override (``--train.max_steps 10``) is read by an :class:`ArgParser`, a
   ``-1``, ``-1e-3``, ``-inf`` are values, not flags, so the option's own check names its range;
 - ``none`` / ``None`` (like ``null`` and ``~``) is null for an optional option; a plain ``str``
   option keeps the word;
+- ``--config FILE`` may name a command's recipe (:attr:`ArgParser.config_flag`);
 - every error is one ``ValueError`` line naming the option, the value and the expected type.
 """
 from __future__ import annotations
@@ -68,10 +69,13 @@ def _flat(obj: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 class ArgParser(ArgumentParser):
     """``jsonargparse.ArgumentParser`` with the conventions above; errors raise ``ValueError``.
 
-    ``noun`` starts the "needs a value" message (``"override "`` for run-config overrides).
+    ``noun`` starts the "needs a value" message (``"override "`` for run-config overrides);
+    with ``config_flag = "config"``, ``--config FILE`` (right after the command) is the first
+    positional argument, FILE (``energyformer train --config RECIPE.yaml`` = ``train RECIPE.yaml``).
     """
 
     noun = ""
+    config_flag: str | None = None  # e.g. "config": `--config FILE` is the first positional, FILE
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs = {"exit_on_error": False, "allow_abbrev": False, "parser_mode": LOAD_MODE, **kwargs}
@@ -141,6 +145,10 @@ class ArgParser(ArgumentParser):
                 continue
             name, eq, value = tok[2:].partition("=")
             name = name.replace("-", "_")
+            if name == parser.config_flag and (eq or i + 1 < len(tokens)):  # `--config FILE` = `FILE`
+                out.append(value if eq else tokens[i + 1])
+                i += 1 if eq else 2
+                continue
             if keyword.iskeyword(name) and f"--{name}" not in parser._option_string_actions:
                 name += "_"
             apart = not eq and i + 1 < len(tokens)  # `--flag VALUE`
