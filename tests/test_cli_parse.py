@@ -154,3 +154,12 @@ def test_train_dispatches_on_the_arch(monkeypatch):
     train(load_config({"model": {"arch": "regressor", "d_model": 16, "n_heads": 2, "n_layers": 1}}))
     train(load_config({"model": {"arch": "gpt", "d_model": 16, "n_heads": 2, "n_layers": 1, "vocab_size": 5}}))
     assert called == ["regression", "language model"]
+
+
+def test_recipe_values_follow_the_same_conventions():
+    from energyformer.runs.config import load_config
+
+    model = {"arch": "cem", "d_model": 16, "n_heads": 2, "n_layers": 1, "vocab_size": 5, "rope": "none"}
+    assert load_config({"model": model}).model.rope is None
+    with pytest.raises(ValueError, match=r"^train\.learning_rate=inf must be a finite number > 0\.0$"):
+        load_config({"model": model, "train": {"learning_rate": "inf"}})  # YAML reads `inf` as a string

@@ -124,11 +124,25 @@ class ArgParser(ArgumentParser):
             raise ValueError(self._one_line(str(e), parsers)) from None
 
     def parse_object(self, obj: Any, *args: Any, **kwargs: Any):
-        """``jsonargparse.ArgumentParser.parse_object``; a type error is one ``ValueError`` line."""
+        """``jsonargparse.ArgumentParser.parse_object`` (a float option's ``"inf"`` / ``"nan"`` string,
+        as YAML reads them, is that number); a type error is one ``ValueError`` line."""
+        if isinstance(obj, Mapping):
+            obj = self._numbers(obj)
         try:
             return super().parse_object(obj, *args, **kwargs)
         except ArgumentError as e:
             raise ValueError(self._one_line(str(e), [self], _flat(obj) if isinstance(obj, Mapping) else {})) from None
+
+    def _numbers(self, obj: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+        out = {}
+        for key, value in obj.items():
+            dest = f"{prefix}{key}"
+            if isinstance(value, Mapping):
+                value = self._numbers(value, f"{dest}.")
+            elif _accepts(self.hints.get(dest), float) and nonfinite_float(value) is not None:
+                value = nonfinite_float(value)
+            out[key] = value
+        return out
 
     def _normalize(self, tokens: list[str]) -> tuple[list[str], list[ArgParser]]:
         parsers: list[ArgParser] = [self]
