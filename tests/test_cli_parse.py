@@ -68,6 +68,8 @@ def test_function_flags_kebab_keyword_and_config():
     assert (ns.run_dir, ns.as_, ns.temperature, ns.force) == ("run", "llama", float("-inf"), True)
     parser.config_flag = "config"
     assert parser.parse_args(["--config", "other"]).run_dir == "other"
+    with pytest.raises(ValueError, match="unrecognized arguments: --config"):  # only in the recipe's place
+        parser.parse_args(["run", "--config", "other"])
     with pytest.raises(ValueError, match=r"^--temperature='warm' must be a number$"):
         parser.parse_args(["run", "--temperature", "warm"])
 

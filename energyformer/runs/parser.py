@@ -70,7 +70,7 @@ class ArgParser(ArgumentParser):
     """``jsonargparse.ArgumentParser`` with the conventions above; errors raise ``ValueError``.
 
     ``noun`` starts the "needs a value" message (``"override "`` for run-config overrides);
-    with ``config_flag = "config"``, ``--config FILE`` (right after the command) is the first
+    with ``config_flag = "config"``, ``--config FILE`` right after the command is its first
     positional argument, FILE (``energyformer train --config RECIPE.yaml`` = ``train RECIPE.yaml``).
     """
 
@@ -147,19 +147,20 @@ class ArgParser(ArgumentParser):
     def _normalize(self, tokens: list[str]) -> tuple[list[str], list[ArgParser]]:
         parsers: list[ArgParser] = [self]
         out: list[str] = []
-        i = 0
+        i = first = 0  # first: where the current (sub)command's own tokens start
         while i < len(tokens):
             tok, parser = tokens[i], parsers[-1]
             sub = parser.subcommand_parser(tok) if not tok.startswith("-") else None
             if sub is not None:
                 parsers.append(sub)
+                first = len(out) + 1
             if not tok.startswith("--") or len(tok) == 2:
                 out.append(tok)
                 i += 1
                 continue
             name, eq, value = tok[2:].partition("=")
             name = name.replace("-", "_")
-            if name == parser.config_flag and (eq or i + 1 < len(tokens)):  # `--config FILE` = `FILE`
+            if name == parser.config_flag and len(out) == first and (eq or i + 1 < len(tokens)):  # = `FILE`
                 out.append(value if eq else tokens[i + 1])
                 i += 1 if eq else 2
                 continue
