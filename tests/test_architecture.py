@@ -3,7 +3,7 @@
 Floors, low to high (a module may import its own floor and the floors below)::
 
     0 _validate, utils     1 energies     2 layers     3 models, data     4 tasks, runs
-    5 train, eval, inspect     6 hf     7 experiments     8 cli
+    5 train, eval, inspect     6 hf     7 experiments     8 commands, cli
     top: energyformer/__init__.py, __main__.py (they may import anything)
 
 Imports inside functions count too (a lazy import is still a dependency). Package
@@ -17,7 +17,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "energyformer"
 FLOORS = {"_validate": 0, "utils": 0, "energies": 1, "layers": 2, "models": 3, "data": 3, "tasks": 4,
-          "runs": 4, "train": 5, "eval": 5, "inspect": 5, "hf": 6, "experiments": 7, "cli": 8}
+          "runs": 4, "train": 5, "eval": 5, "inspect": 5, "hf": 6, "experiments": 7, "commands": 8,
+          "cli": 8}
 TOP = 9  # energyformer/__init__.py and __main__.py
 
 

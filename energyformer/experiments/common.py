@@ -242,11 +242,7 @@ def train_or_resume(ctx: Context, run: str, cfg: Mapping[str, Any], keep_weights
 
 
 def _train(run_cfg) -> dict[str, Any]:
-    if run_cfg.model.arch == "regressor":
-        from energyformer.experiments.regression_train import train_regressor
-
-        return train_regressor(run_cfg)
-    from energyformer.train.loop import train
+    from energyformer.train import train  # the one dispatch on the arch (language model or regressor)
 
     return train(run_cfg, progress=False)
 

@@ -5,7 +5,9 @@
     model, run_cfg, meta = load_run("out/cem_t2")
 
 Modules, one job each: ``config`` (DataConfig/TrainConfig/RunConfig, ``load_config``,
-``save_config``), ``recipe`` (YAML recipes with ``base:`` inheritance), ``weights``
+``save_config``), ``parser`` (the one command-line parser: jsonargparse with the project's
+conventions, for every command and the run-config overrides), ``recipe`` (YAML recipes with
+``base:`` inheritance), ``weights``
 (safetensors with tied aliases), ``rng`` (RNG states), ``rundir`` (the files of a run directory
 and ``load_run``), ``checkpoint`` (saving, finding and restoring a checkpoint).
 """

@@ -7,15 +7,17 @@ A run is described by three sections::
     train:   TrainConfig  (optimizer, schedule, evaluation, checkpointing, device)
 
 :func:`load_config` reads a recipe (following ``base:`` inheritance, see
-:mod:`energyformer.runs.recipe`), applies command-line overrides, and hands the result to a
-`jsonargparse <https://jsonargparse.readthedocs.io>`_ parser built from the three dataclasses,
-which checks and converts every value against the field's type annotation. The ``model``
-section is polymorphic: ``model.arch`` is read first (recipe, then the ``--model.arch``
-override), and the parser is built for that arch's config class
-(``energyformer.models.registry.get_arch``). The dataclasses then validate values in
-``__post_init__``. Every error is a one-line ``ValueError`` naming the key and what was
-expected; unknown keys get a "did you mean" hint. Renamed model keys are upgraded with the
-config class's ``upgrade_dict`` (a ``FutureWarning`` names the old and the new key).
+:mod:`energyformer.runs.recipe`) and imports the plugin modules it names (``imports:``). The
+run-config parser (:func:`run_config_parser`, a `jsonargparse
+<https://jsonargparse.readthedocs.io>`_ parser with the conventions of
+:mod:`energyformer.runs.parser`, built from the three dataclasses) reads the command-line
+overrides and then checks and converts every value against the field's type annotation. The
+``model`` section is polymorphic: the parser is built for the config class of ``model.arch``
+(the ``--model.arch`` override, else the recipe's; ``energyformer.models.registry.get_arch``).
+The dataclasses then validate values in ``__post_init__``. Every error is a one-line
+``ValueError`` naming the key and what was expected; unknown keys get a "did you mean" hint.
+Renamed model keys are upgraded with the config class's ``upgrade_dict`` (a ``FutureWarning``
+names the old and the new key).
 
 :func:`save_config` writes the resolved config (no ``base:``, every value explicit), which
 ``load_config`` reads back equal.
@@ -25,22 +27,22 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-import re
-import types
-import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import yaml
 
-from energyformer._validate import check_choice, check_float, check_int, nonfinite_float
+from energyformer._validate import check_choice, check_float, check_int
 from energyformer.models.base import ModelConfig
 from energyformer.models.registry import ARCHS, get_arch
+from energyformer.runs.parser import ArgParser, type_name
 from energyformer.runs.recipe import deep_merge, read_recipe
 from energyformer.utils.io import atomic_write_text
+from energyformer.utils.plugins import load_plugins
 
 SECTIONS = ("model", "data", "train")
+IMPORTS_KEY = "imports"  # top-level recipe key: plugin modules imported before the config is read
 LR_SCHEDULES = ("cosine", "exponential", "constant", "wsd")
 DTYPES = ("float32", "bfloat16")
 PARALLEL = ("ddp", "fsdp")
@@ -249,17 +251,21 @@ class RunConfig:
 
     ``explicit`` (set by :func:`load_config`) names, per section, the keys the recipe or the
     command line gave; ``None`` when unknown. Resuming keeps the run's derived values
-    (``DERIVED_TRAIN_KEYS``) unless they were given explicitly.
+    (``DERIVED_TRAIN_KEYS``) unless they were given explicitly. ``imports`` are the plugin
+    modules the run needs (``energyformer --import MODULE``, the recipe's ``imports:``), saved
+    in its config.yaml so that a fresh process imports them before reading the model section.
     """
 
     model: ModelConfig
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     explicit: dict[str, frozenset[str]] | None = field(default=None, compare=False, repr=False)
+    imports: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain nested dict (lists instead of tuples) in the recipe layout."""
-        return _plain({"model": self.model.to_dict(), "data": dataclasses.asdict(self.data),
+        """Plain nested dict (lists instead of tuples) in the recipe layout (``imports`` first, if any)."""
+        imports = {IMPORTS_KEY: list(self.imports)} if self.imports else {}
+        return _plain({**imports, "model": self.model.to_dict(), "data": dataclasses.asdict(self.data),
                        "train": dataclasses.asdict(self.train)})
 
 
@@ -273,13 +279,14 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any], overrides: Sequenc
 
     Args:
         path_or_dict: path of a YAML recipe with ``model``/``data``/``train`` sections (and
-            optionally ``base: other.yaml``), or the dict itself. A recipe file that does not
-            set ``train.out_dir`` gets ``out/<file stem>``; a dict gets ``out/run``.
-        overrides: CLI tokens such as ``["--train.max_steps", "2000", "--model.n_steps=6"]``
-            (``--k v`` or ``--k=v``; ``-`` and ``_`` in key names are the same; a boolean key
-            alone means true). Values are read as jsonargparse reads command-line values:
-            ``1e-3`` is a float for a float field, ``true``/``false`` booleans, ``null`` (and,
-            for optional fields, ``none``) is None.
+            optionally ``base: other.yaml`` and ``imports: [module, ...]``), or the dict itself.
+            A recipe file that does not set ``train.out_dir`` gets ``out/<file stem>``; a dict
+            gets ``out/run``.
+        overrides: CLI tokens such as ``["--train.max_steps", "2000", "--model.n_steps=6"]``,
+            read by the run-config parser (:func:`run_config_parser`, the conventions of
+            :mod:`energyformer.runs.parser`: ``-`` or ``_`` in key names, a boolean key alone
+            means true, ``inf``/``nan`` are numbers, ``none``/``null`` is None for an optional
+            key). ``--help`` prints that parser's help (every key of the arch) and exits.
         resolve_vocab: when ``model.vocab_size`` is not given, read it from ``meta.json`` in the
             data directory (``energyformer.data.load_meta``).
         default_vocab_size: with ``resolve_vocab``, the vocab size to use when that ``meta.json``
@@ -295,36 +302,38 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any], overrides: Sequenc
         ValueError: one line naming the key: malformed YAML or override, an inheritance cycle,
             unknown section/key (with the valid ones and a "did you mean"), a value of the wrong
             type (with the expected type) or an invalid value (from the dataclass).
+        SystemExit: ``--help`` among the overrides (status 0, after printing the help).
     """
-    raw, stem = _read_raw(path_or_dict)
-    given = _with_overrides({section: {} for section in SECTIONS}, overrides)
-    arch = given["model"].get("arch", raw["model"].get("arch"))
+    raw, stem, imports = _read_raw(path_or_dict)
+    load_plugins(imports)  # a plugin may register the arch the recipe names
+    arch = _arch_override(overrides) or raw["model"].get("arch")
     if arch is None:
         raise ValueError(f"the model section needs an 'arch' key, one of {sorted(ARCHS)}")
     if not isinstance(arch, str) or arch not in ARCHS:
         raise ValueError(f"model.arch={arch!r} is not valid; expected one of {sorted(ARCHS)}")
     _, cfg_cls = get_arch(arch)
+    given = run_config_parser(cfg_cls, overrides=True).parse_args(list(overrides), defaults=False).as_dict()
+    given = {section: dict(given.get(section) or {}) for section in SECTIONS}
+    given["model"].pop("arch", None)
     # old key spellings are renamed in the recipe and in the overrides separately, so that an
     # override under the old name replaces the recipe's value under the new one
-    raw["model"], given["model"] = cfg_cls.upgrade_dict(raw["model"]), cfg_cls.upgrade_dict(given["model"])
-    for section in SECTIONS:
+    raw["model"] = cfg_cls.upgrade_dict({k: v for k, v in raw["model"].items() if k != "arch"})
+    given["model"] = cfg_cls.upgrade_dict(given["model"])
+    classes = {"model": cfg_cls, "data": DataConfig, "train": TrainConfig}
+    for section, cls in classes.items():
+        _check_keys(cls, raw[section], section)
         raw[section].update(given[section])
     if stem is not None and "out_dir" not in raw["train"]:
         raw["train"]["out_dir"] = f"out/{stem}"
-    raw["model"] = {k: v for k, v in raw["model"].items() if k != "arch"}
-
-    classes = {"model": cfg_cls, "data": DataConfig, "train": TrainConfig}
-    for section, cls in classes.items():
-        raw[section] = _check_section(cls, raw[section], section)
 
     parser = run_config_parser(cfg_cls)
-    ns = _parse(parser, raw, classes)
+    ns = parser.parse_object(raw)
     if resolve_vocab and raw["model"].get("vocab_size") is None:
         data = DataConfig(**ns.data.as_dict())
         ns.model.vocab_size = _vocab_from_meta(data.path, default_vocab_size)
     init = parser.instantiate(ns)
     explicit = {section: frozenset(raw[section]) for section in SECTIONS}
-    return RunConfig(model=init.model, data=init.data, train=init.train, explicit=explicit)
+    return RunConfig(model=init.model, data=init.data, train=init.train, explicit=explicit, imports=imports)
 
 
 def save_config(run_cfg: RunConfig, path: str | Path) -> Path:
@@ -333,24 +342,62 @@ def save_config(run_cfg: RunConfig, path: str | Path) -> Path:
     return atomic_write_text(Path(path), text)
 
 
-def run_config_parser(model_config_cls: type[ModelConfig]):
-    """The jsonargparse parser of a run whose model section is ``model_config_cls``.
+class RunConfigParser(ArgParser):
+    """The parser of ``--section.key value`` overrides: unknown tokens get the run-config message
+    (did you mean, the valid keys or sections)."""
 
-    Its help (``format_help()``) lists every ``--model.*``, ``--data.*`` and ``--train.*`` key
-    with its type and default; ``energyformer train RECIPE --help`` prints it.
+    noun = "override "
+    model_cls: type[ModelConfig]
+
+    def unrecognized(self, tokens: list[str]) -> str:
+        tok = tokens[0]
+        if not tok.startswith("--"):
+            return f"unexpected argument {tok!r}; overrides look like --train.max_steps 2000 or --model.n_steps=6"
+        key = tok[2:].split("=", 1)[0]
+        parts = key.split(".")
+        if len(parts) != 2 or not all(parts):
+            return (f"override --{key} must name a section and a key, like --train.max_steps; "
+                    f"sections are {list(SECTIONS)}")
+        if parts[0] not in SECTIONS:
+            return f"unknown config section {parts[0]!r} in override --{key}; expected one of {list(SECTIONS)}"
+        classes = {"model": self.model_cls, "data": DataConfig, "train": TrainConfig}
+        return unknown_key_message(classes[parts[0]], parts[0], parts[1])
+
+
+def run_config_parser(model_config_cls: type[ModelConfig], overrides: bool = False) -> RunConfigParser:
+    """The parser of a run whose model section is ``model_config_cls``: ``--model.*``,
+    ``--data.*`` and ``--train.*``, typed by the three dataclasses.
+
+    ``overrides`` (the parser of command-line overrides) adds ``--model.arch`` and the old names
+    of renamed model keys (``model_config_cls.renamed_keys``) as options whose value is kept as
+    given (``ModelConfig.upgrade_dict`` renames them, with a ``FutureWarning``). Its help (``format_help()``) lists every key with its type and default;
+    ``energyformer train RECIPE --help`` prints it.
     """
-    from jsonargparse import ArgumentParser
-
-    parser = ArgumentParser(prog=f"run config (model.arch={model_config_cls.arch})", exit_on_error=False,
-                            description="Keys of a run recipe; override any with --section.key VALUE.")
+    parser = RunConfigParser(prog=f"run config (model.arch={model_config_cls.arch})",
+                             description="Keys of a run recipe; override any with --section.key VALUE.")
+    parser.model_cls = model_config_cls
     parser.add_class_arguments(model_config_cls, "model", help=f"model ({model_config_cls.__name__})")
+    if overrides:
+        parser.add_argument("--model.arch", type=str, help=f"the arch, one of {sorted(ARCHS)}")
+        for old, new in model_config_cls.renamed_keys.items():
+            parser.add_argument(f"--model.{old}", type=str, help=f"deprecated: the old name of --model.{new}")
     parser.add_class_arguments(DataConfig, "data", help="data (DataConfig)")
     parser.add_class_arguments(TrainConfig, "train", help="train (TrainConfig)")
     return parser
 
 
-def _read_raw(path_or_dict: str | Path | Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """``(recipe with bases merged, file stem or None)``, every section present as a dict."""
+def _arch_override(tokens: Sequence[str]) -> str | None:
+    """The value of the last ``--model.arch`` token (the parser is built for that arch)."""
+    arch = None
+    for i, tok in enumerate(tokens):
+        name, eq, value = tok.partition("=")
+        if name == "--model.arch":
+            arch = value if eq else (tokens[i + 1] if i + 1 < len(tokens) else None)
+    return arch
+
+
+def _read_raw(path_or_dict: str | Path | Mapping[str, Any]) -> tuple[dict[str, Any], str | None, list[str]]:
+    """``(recipe with bases merged, file stem or None, imports)``, every section present as a dict."""
     if isinstance(path_or_dict, Mapping):
         raw, stem = dict(path_or_dict), None
         if "base" in raw:  # a dict may extend a recipe file too (relative to the working directory)
@@ -360,10 +407,13 @@ def _read_raw(path_or_dict: str | Path | Mapping[str, Any]) -> tuple[dict[str, A
         raw, stem = read_recipe(path_or_dict), Path(path_or_dict).stem
     else:
         raise ValueError(f"load_config expects a YAML path or a dict, got {type(path_or_dict).__name__}")
-    unknown = sorted(set(raw) - set(SECTIONS))
+    unknown = sorted(set(raw) - set(SECTIONS) - {IMPORTS_KEY})
     if unknown:
         raise ValueError(f"unknown config section(s) {unknown}; expected some of {list(SECTIONS)} "
-                         "(and base)")
+                         f"(and base, {IMPORTS_KEY})")
+    imports = raw.get(IMPORTS_KEY) or []
+    if not isinstance(imports, list) or not all(isinstance(m, str) and m for m in imports):
+        raise ValueError(f"{IMPORTS_KEY}={imports!r} must be a list of module names, e.g. [my_package.energies]")
     out = {}
     for section in SECTIONS:
         value = raw.get(section)
@@ -372,111 +422,28 @@ def _read_raw(path_or_dict: str | Path | Mapping[str, Any]) -> tuple[dict[str, A
         if not isinstance(value, Mapping):
             raise ValueError(f"config section {section!r} must be a mapping of keys to values, got {value!r}")
         out[section] = dict(value)
-    return out, stem
+    return out, stem, list(imports)
 
 
-class _Flag:
-    """An override given without a value (``--train.tensorboard``): true for a boolean key."""
-
-    def __repr__(self) -> str:
-        return "(no value)"
-
-
-_FLAG = _Flag()
-
-
-def _with_overrides(raw: dict[str, Any], tokens: Sequence[str]) -> dict[str, Any]:
-    """Put ``--section.key value`` / ``--section.key=value`` tokens into ``raw`` (later ones win).
-
-    Values stay strings here; the run-config parser converts them by the field's type.
-    """
-    tokens = list(tokens)
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i]
-        if not isinstance(tok, str) or not tok.startswith("--"):
-            raise ValueError(f"unexpected argument {tok!r}; overrides look like --train.max_steps 2000 "
-                             "or --model.n_steps=6")
-        body = tok[2:]
-        if "=" in body:
-            key, value = body.split("=", 1)
-            i += 1
-        elif i + 1 < len(tokens) and not _is_flag(tokens[i + 1]):
-            key, value = body, tokens[i + 1]
-            i += 2
-        else:
-            key, value = body, _FLAG
-            i += 1
-        parts = key.replace("-", "_").split(".")
-        if len(parts) != 2 or not all(parts):
-            raise ValueError(f"override --{key} must name a section and a key, like --train.max_steps; "
-                             f"sections are {list(SECTIONS)}")
-        section, name = parts
-        if section not in SECTIONS:
-            raise ValueError(f"unknown config section {section!r} in override --{key}; "
-                             f"expected one of {list(SECTIONS)}")
-        raw[section][name] = value
-    return raw
+def unknown_key_message(cls: type, section: str, key: str) -> str:
+    """``unknown config key 'train.max_step' (did you mean 'max_steps'?) ...; valid keys: [...]``."""
+    valid = [f.name for f in fields(cls) if f.init] + (["arch"] if section == "model" else [])
+    close = difflib.get_close_matches(str(key), valid, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    what = f"for arch {getattr(cls, 'arch', '')!r}" if section == "model" else f"in section {section!r}"
+    return f"unknown config key '{section}.{key}'{hint} {what}; valid keys: {sorted(valid)}"
 
 
-def _is_flag(token: str) -> bool:
-    """``--x`` is the next option; ``-1``, ``-1e-3`` and ``-`` are values."""
-    return token.startswith("--")
-
-
-def _check_section(cls: type, values: Mapping[str, Any], section: str) -> dict[str, Any]:
-    """Reject unknown keys (with a hint); turn flags into true and ``none`` into None."""
-    hints = typing.get_type_hints(cls)
-    valid = [f.name for f in fields(cls) if f.init]
-    out = {}
-    for key, value in values.items():
+def _check_keys(cls: type, values: Mapping[str, Any], section: str) -> None:
+    """Reject a recipe key that ``cls`` does not have (with a hint)."""
+    valid = {f.name for f in fields(cls) if f.init}
+    for key in values:
         if key not in valid:
-            shown = valid + ["arch"] if section == "model" else valid
-            close = difflib.get_close_matches(str(key), shown, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            what = f"for arch {getattr(cls, 'arch', '')!r}" if section == "model" else f"in section {section!r}"
-            raise ValueError(f"unknown config key '{section}.{key}'{hint} {what}; valid keys: {sorted(shown)}")
-        optional = type(None) in typing.get_args(hints[key])
-        if value is _FLAG:
-            if bool not in (hints[key], *typing.get_args(hints[key])):
-                raise ValueError(f"override --{section}.{key} needs a value ({type_name(hints[key])})")
-            value = True
-        elif optional and isinstance(value, str) and value.strip().lower() == "none":
-            value = None  # `--model.rope none`; for str options "none" and None mean the same
-        elif float in (hints[key], *typing.get_args(hints[key])) and nonfinite_float(value) is not None:
-            value = nonfinite_float(value)  # `inf`/`nan`: the field's own check names its range
-        out[key] = value
-    return out
+            raise ValueError(unknown_key_message(cls, section, key))
 
 
-def _parse(parser: Any, raw: dict[str, Any], classes: dict[str, type]) -> Any:
-    """``parser.parse_object(raw)``; a type error becomes one line naming the key and the type."""
-    from jsonargparse import ArgumentError
-
-    try:
-        return parser.parse_object(raw)
-    except ArgumentError as e:
-        raise ValueError(_one_line_type_error(str(e), raw, classes)) from None
-
-
-def _one_line_type_error(message: str, raw: dict[str, Any], classes: dict[str, type]) -> str:
-    match = re.search(r'Parser key "(\w+)\.(\w+)"', message)
-    if match:
-        section, key = match.groups()
-        hint = typing.get_type_hints(classes[section]).get(key)
-        if hint is not None and key in raw.get(section, {}):
-            return f"{section}.{key}={raw[section][key]!r} must be {type_name(hint)}"
-    return " ".join(message.split())
-
-
-def type_name(tp: Any) -> str:
-    """``int | None`` → ``"an integer or null"``: how a type reads in an error message."""
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return " or ".join(type_name(a) for a in typing.get_args(tp))
-    if typing.get_origin(tp) in (list, tuple):
-        return "a list like [1, 2]"
-    return {int: "an integer", float: "a number", bool: "a boolean (true/false)", str: "a string",
-            type(None): "null"}.get(tp, str(tp))
+__all__ = ["DataConfig", "TrainConfig", "RunConfig", "load_config", "save_config", "run_config_parser",
+           "build_model_from_recipe", "type_name", "unknown_key_message"]
 
 
 def _vocab_from_meta(data_dir: Path, default: int | None) -> int:

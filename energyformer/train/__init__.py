@@ -1,4 +1,5 @@
-"""Training: the loop, optimizer/schedule, parallelism and the metrics log.
+"""Training: ``train(run_cfg)`` (the loop for the arch: language model or regressor), optimizer/schedule,
+parallelism and the metrics log.
 
     from energyformer.runs import load_config
     from energyformer.train import train
@@ -14,7 +15,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from energyformer.train.loop import TrainingDivergedError, train
+from energyformer.train.dispatch import train
+from energyformer.train.loop import TrainingDivergedError
 from energyformer.train.optim import build_optimizer, lr_at
 
 __all__ = ["train", "TrainingDivergedError", "build_optimizer", "lr_at"]
