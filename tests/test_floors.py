@@ -74,6 +74,15 @@ def test_dataset_floors_cached_beside_the_data(tmp_path):
     assert dataset_floors(data)["bigram"] == pytest.approx(res["bigram"])
 
 
+def test_dataset_floors_of_listops_hold_the_generator_floor(tmp_path):
+    out = prepare_task_data("listops", out_root=tmp_path, n_train=400, n_val=200, n_test=20)
+    res = dataset_floors(out)["listops"]
+    settings = json.loads((out / "meta.json").read_text())["settings"]
+    assert res["generator"] == generator_entropy(ListOpsSettings(**settings))
+    assert res["generator_on_val"]["n_examples"] == 200
+    assert res["generator_on_val"]["all_tokens"] == pytest.approx(res["generator"]["all_tokens"], rel=0.1)
+
+
 def test_multiple_choice_chance():
     assert multiple_choice_chance(4) == 0.25 and multiple_choice_chance(1) == 1.0
     for bad in (0, 2.5, True):
@@ -205,6 +214,11 @@ def test_listops_report(tmp_path):
     everything = problems + [p for v in single.values() for p in v]
     rep = listops_report(_ChainModel(tok, everything), tok, problems, settings=meta["settings"],
                          single_function=single)
+    drawn = listops_report(_ChainModel(tok, everything), tok, problems, settings=meta["settings"],
+                           single_function=4)  # N per function, drawn from the settings: the same sets
+    assert drawn["single_function"] == rep["single_function"]
+    with pytest.raises(ValueError, match="pass settings"):
+        listops_report(_ChainModel(tok, problems), tok, problems, single_function=4)
     assert rep["accuracy"] == 1.0 and rep["end_token_rate"] == 1.0
     assert rep["answer_loss"]["loss"] == pytest.approx(0.0, abs=1e-6)
     assert rep["answer_loss"]["n_tokens"] == sum(len(p["chain"]) - len(p["prompt"]) for p in problems)

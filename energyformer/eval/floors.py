@@ -1,7 +1,8 @@
 """Floors to print beside a model's numbers: count-model losses of a corpus and chance accuracies.
 
 A trained language model that does not beat the **bigram count model** of its own training
-split has learned nothing a table of pair counts would not. Both count models are fitted on the training split and scored on the validation split (nats per token):
+split has learned nothing a table of pair counts would not. Both count models are fitted on
+the training split and scored on the validation split (nats per token):
 
 * **unigram**, add-one (Laplace) smoothing over the whole vocabulary::
 
@@ -123,7 +124,10 @@ def dataset_floors(data_dir: str | Path, *, cache: bool = True) -> dict[str, Any
         ``{"unigram", "bigram"}`` (nats/token on the validation split) plus ``"unigram_bpt"`` /
         ``"bigram_bpt"`` (bits per token), ``"smoothing"`` and the data identity the cache is
         keyed on (``vocab_size``, ``n_train``, ``n_val`` and the splits' sha256 when known).
-        A cached file whose identity differs from the current ``meta.json`` is recomputed.
+        A ListOps directory also gets ``"listops": {"generator": the exact entropy floor,
+        "generator_on_val": the generator's predictor scored on the validation chains}``
+        (:mod:`energyformer.tasks.listops_floor`). A cached file whose identity differs from the
+        current ``meta.json`` is recomputed.
 
     Raises:
         FileNotFoundError / ValueError: as :func:`energyformer.data.load_split` (missing or
@@ -140,16 +144,30 @@ def dataset_floors(data_dir: str | Path, *, cache: bool = True) -> dict[str, Any
             saved = None
         if isinstance(saved, dict) and saved.get("identity") == ident:
             return saved
-    losses = count_model_losses(load_split(data_dir, "train"), load_split(data_dir, "val"), int(meta["vocab_size"]))
+    val = load_split(data_dir, "val")
+    losses = count_model_losses(load_split(data_dir, "train"), val, int(meta["vocab_size"]))
     out = {**losses, **{f"{k}_bpt": v / math.log(2) for k, v in losses.items()},
            "smoothing": {"unigram": "add-one (Laplace)", "bigram": "Witten-Bell interpolation with the unigram"},
            "identity": ident}
+    if meta.get("dataset") == "listops" and isinstance(meta.get("settings"), dict):
+        out["listops"] = _listops_floors(meta, val)
     if cache:
         try:
             atomic_write_json(path, out)
         except OSError:  # a read-only data directory still gets its floors, uncached
             pass
     return out
+
+
+def _listops_floors(meta: dict[str, Any], val: np.ndarray) -> dict[str, Any]:
+    """The generator's exact entropy floor and its predictor's loss on the validation chains."""
+    from energyformer.data import load_tokenizer
+    from energyformer.data.listops import ListOpsSettings
+    from energyformer.tasks.listops_floor import generator_entropy, generator_loss_on
+
+    s = ListOpsSettings(**meta["settings"])
+    return {"generator": generator_entropy(s),
+            "generator_on_val": generator_loss_on(load_tokenizer(meta).decode(np.asarray(val).tolist()), s)}
 
 
 def multiple_choice_chance(n_choices: int) -> float:

@@ -4,6 +4,12 @@ A problem is its prompt (the expression and ``=``, e.g. ``S(3X(12)4)=``); the mo
 greedily until the end token ``\\n`` (or a length limit); the answer is what follows the last
 ``=`` of the continuation. Accuracy is the share of exact matches, with its standard error
 ``sqrt(p (1 − p) / n)``, overall and per root function. Data: :mod:`energyformer.data.listops`.
+
+Beside accuracy (:func:`listops_report`): the end-token rate (a model that never emits the end
+token fails on format, not arithmetic), the teacher-forced loss on the tokens after the first
+``=`` (:func:`chain_loss`; the generator's floor there is 0), per-function accuracy on
+single-function test sets, chance accuracies and the generator's entropy floor
+(:mod:`energyformer.tasks.listops_floor`).
 """
 from __future__ import annotations
 
@@ -13,7 +19,8 @@ from typing import Any, Sequence
 
 import torch
 
-from energyformer.data.listops import END
+from energyformer.data.listops import END, ListOpsSettings, single_function_tests
+from energyformer.tasks.listops_floor import chance_accuracies, generator_entropy
 
 
 def parse_answer(continuation: str) -> str:
@@ -157,7 +164,8 @@ def chain_loss(model: torch.nn.Module, tokenizer: Any, problems: Sequence[dict[s
 
 
 def listops_report(model: torch.nn.Module, tokenizer: Any, problems: Sequence[dict[str, str]], *,
-                   settings: Any = None, single_function: dict[str, Sequence[dict[str, str]]] | None = None,
+                   settings: ListOpsSettings | dict[str, Any] | None = None,
+                   single_function: int | dict[str, Sequence[dict[str, str]]] | None = None,
                    batch_size: int = 256, device: str | torch.device = "cpu", **forward_kwargs: Any) -> dict[str, Any]:
     """Everything to print for a trained ListOps model, beside its floors.
 
@@ -165,8 +173,10 @@ def listops_report(model: torch.nn.Module, tokenizer: Any, problems: Sequence[di
         model, tokenizer, problems, batch_size, device, forward_kwargs: as :func:`evaluate_listops`.
         settings: the dataset's :class:`~energyformer.data.listops.ListOpsSettings` (or the
             ``settings`` dict of its ``meta.json``) for the generator's entropy floor; None skips it.
-        single_function: ``{function: problems}`` whose every operator is that function
-            (:func:`energyformer.data.listops.single_function_tests`); None skips them.
+        single_function: ``{function: problems}`` whose every operator is that function, or
+            ``N`` to draw ``N`` per function with
+            :func:`energyformer.data.listops.single_function_tests` (needs ``settings``); None
+            skips them.
 
     Returns:
         :func:`evaluate_listops`'s dict (accuracy, stderr, n, per_function, end_token_rate,
@@ -176,17 +186,20 @@ def listops_report(model: torch.nn.Module, tokenizer: Any, problems: Sequence[di
         ``"single_function"``: ``{function: {"accuracy", "stderr", "n", "end_token_rate"}}``.
 
     Raises:
-        ValueError: as :func:`evaluate_listops` and :func:`chain_loss`.
+        ValueError: as :func:`evaluate_listops` and :func:`chain_loss`; ``single_function=N``
+            without ``settings``.
     """
-    from energyformer.data.listops import ListOpsSettings
-    from energyformer.tasks.listops_floor import chance_accuracies, generator_entropy
-
+    s = settings if settings is None or isinstance(settings, ListOpsSettings) else ListOpsSettings(**settings)
+    if isinstance(single_function, int) and not isinstance(single_function, bool):
+        if s is None:
+            raise ValueError("single_function=N draws the single-function sets from the dataset's settings; "
+                             "pass settings too")
+        single_function = single_function_tests(s, n=single_function)
     kw = dict(batch_size=batch_size, device=device, **forward_kwargs)
     report = evaluate_listops(model, tokenizer, problems, **kw)
     report["answer_loss"] = chain_loss(model, tokenizer, problems, **kw)
     report["chance"] = chance_accuracies(problems)
-    if settings is not None:
-        s = settings if isinstance(settings, ListOpsSettings) else ListOpsSettings(**settings)
+    if s is not None:
         report["floor"] = generator_entropy(s)
     if single_function is not None:
         report["single_function"] = {}
