@@ -90,6 +90,17 @@ def test_cem_profile_spans_the_papers_sizes_at_chinchilla_budgets(counts):
     assert chinchilla_steps(100, 7) == math.ceil(2000 / 7)
 
 
+def test_for_world_size_keeps_the_global_batch():
+    run = next(r for r in profile_runs("nrgpt_owt") if r.name == "gpt")
+    eight = run.for_world_size(8)
+    assert eight.overrides["train.grad_accum_steps"] == 4 and eight.tokens_per_step() * 8 == run.tokens_per_step()
+    assert run.for_world_size(1).tokens() == run.tokens()
+    with pytest.raises(ValueError, match="does not divide grad_accum_steps=32"):
+        run.for_world_size(3)
+    with pytest.raises(ValueError, match="world_size=0"):
+        run.for_world_size(0)
+
+
 def test_pack_balances_runs():
     runs = profile_runs("nrgpt_owt")
     slots = pack(runs, 2)

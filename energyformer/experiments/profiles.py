@@ -28,10 +28,13 @@ Example::
     for run in profile_runs("listops_transition"):
         cfg = run.load_config()           # a RunConfig (the data's meta.json gives the vocab)
         run.parameters(), run.tokens()    # from the recipe alone, fast
+    run.for_world_size(8)                 # the same global batch on 8 GPUs (grad_accum_steps / 8)
+    pack(profile_runs("listops_transition"), n_slots=16)   # 16 workers sharing the GPUs
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
@@ -138,6 +141,23 @@ class ProfileRun:
         """``batch_size × grad_accum_steps × block_size``."""
         tc = TrainConfig(**self.recipe_dict(root).get("train", {}))
         return tc.batch_size * tc.grad_accum_steps * self.model_config(root).block_size
+
+    def for_world_size(self, world_size: int, root: str | Path | None = None) -> "ProfileRun":
+        """This run for data-parallel training on ``world_size`` processes with the same global
+        batch: ``grad_accum_steps`` divided by ``world_size`` (training multiplies the per-process
+        batch by the number of processes).
+
+        Raises:
+            ValueError: ``world_size < 1``, or it does not divide ``grad_accum_steps`` (e.g. the
+                ListOps runs, which take one GPU each: see :func:`pack`).
+        """
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size={world_size!r} is not valid; expected an integer >= 1")
+        accum = TrainConfig(**self.recipe_dict(root).get("train", {})).grad_accum_steps
+        if accum % world_size:
+            raise ValueError(f"world_size={world_size} does not divide grad_accum_steps={accum} of run {self.name!r}; "
+                             f"use a divisor of {accum} (or pack several runs per GPU)")
+        return dataclasses.replace(self, overrides={**self.overrides, "train.grad_accum_steps": accum // world_size})
 
     def tokens(self, root: str | Path | None = None) -> int:
         """Training tokens: ``max_steps × tokens_per_step``."""
