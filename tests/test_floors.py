@@ -72,6 +72,12 @@ def test_dataset_floors_cached_beside_the_data(tmp_path):
     saved["identity"]["n_val"] += 1  # a stale cache (other data) is recomputed
     (data / FLOORS_FILE).write_text(json.dumps(saved))
     assert dataset_floors(data)["bigram"] == pytest.approx(res["bigram"])
+    # max_tokens fits and scores on the first tokens only (and is part of the cache key)
+    train, val = (np.fromfile(data / f"{s}.bin", dtype=np.uint16) for s in ("train", "val"))
+    vocab = json.loads((data / "meta.json").read_text())["vocab_size"]
+    capped = dataset_floors(data, max_tokens=100)
+    assert capped["bigram"] == pytest.approx(count_model_losses(train[:100], val[:100], vocab)["bigram"])
+    assert dataset_floors(data)["bigram"] == pytest.approx(res["bigram"])
 
 
 def test_dataset_floors_of_listops_hold_the_generator_floor(tmp_path):
@@ -147,8 +153,9 @@ def test_generator_floor_default_settings_and_stream():
     assert sampled["problem_tokens"] == pytest.approx(floor["problem_tokens"], rel=0.01)
     with pytest.raises(ValueError, match="not an expression"):
         example_log_prob("S(1234)=", s)  # four arguments
-    with pytest.raises(ValueError, match="function symbol"):
-        example_log_prob("Q(12)", s)
+    for bad in ("Q(12)", "", "S(12"):
+        with pytest.raises(ValueError, match="function symbol|not an expression"):
+            example_log_prob(bad, s)
 
 
 def test_chance_accuracies_hand_example():

@@ -48,6 +48,7 @@ __all__ = ["FLOORS_FILE", "count_model_losses", "dataset_floors", "multiple_choi
 
 FLOORS_FILE = "floors.json"
 FLOORS_VERSION = 1
+MAX_TOKENS = 100_000_000
 
 
 def _as_ids(ids: Sequence[int] | np.ndarray, name: str, vocab_size: int) -> np.ndarray:
@@ -112,13 +113,21 @@ def count_model_losses(train_ids: Sequence[int] | np.ndarray, val_ids: Sequence[
     return {"unigram": unigram, "bigram": bigram}
 
 
-def _identity(meta: dict[str, Any]) -> dict[str, Any]:
+def _identity(meta: dict[str, Any], max_tokens: int | None) -> dict[str, Any]:
     keys = ("vocab_size", "n_train", "n_val", "train_sha256", "val_sha256")
-    return {"version": FLOORS_VERSION, **{k: meta.get(k) for k in keys}}
+    return {"version": FLOORS_VERSION, **{k: meta.get(k) for k in keys}, "max_tokens": max_tokens}
 
 
-def dataset_floors(data_dir: str | Path, *, cache: bool = True) -> dict[str, Any]:
+def dataset_floors(data_dir: str | Path, *, cache: bool = True, max_tokens: int | None = MAX_TOKENS) -> dict[str, Any]:
     """Count-model floors of a prepared dataset, cached as ``data_dir/floors.json``.
+
+    Args:
+        data_dir: a prepared dataset directory.
+        cache: read and write ``floors.json``.
+        max_tokens: fit on at most the first ``max_tokens`` training tokens and score at most the
+            first ``max_tokens`` validation tokens (a corpus of billions of tokens does not fit
+            the counting in memory; counts from fewer tokens give a slightly higher, so still
+            valid, bigram floor); None uses everything.
 
     Returns:
         ``{"unigram", "bigram"}`` (nats/token on the validation split) plus ``"unigram_bpt"`` /
@@ -135,7 +144,7 @@ def dataset_floors(data_dir: str | Path, *, cache: bool = True) -> dict[str, Any
     """
     data_dir = Path(data_dir)
     meta = load_meta(data_dir)
-    ident = _identity(meta)
+    ident = _identity(meta, max_tokens)
     path = data_dir / FLOORS_FILE
     if cache and path.is_file():
         try:
@@ -144,8 +153,8 @@ def dataset_floors(data_dir: str | Path, *, cache: bool = True) -> dict[str, Any
             saved = None
         if isinstance(saved, dict) and saved.get("identity") == ident:
             return saved
-    val = load_split(data_dir, "val")
-    losses = count_model_losses(load_split(data_dir, "train"), val, int(meta["vocab_size"]))
+    val = load_split(data_dir, "val")[:max_tokens]
+    losses = count_model_losses(load_split(data_dir, "train")[:max_tokens], val, int(meta["vocab_size"]))
     out = {**losses, **{f"{k}_bpt": v / math.log(2) for k, v in losses.items()},
            "smoothing": {"unigram": "add-one (Laplace)", "bigram": "Witten-Bell interpolation with the unigram"},
            "identity": ident}

@@ -102,7 +102,7 @@ def generator_entropy(s: ListOpsSettings | None = None) -> dict[str, float]:
 
 def _parse(text: str, pos: int, s: ListOpsSettings, depth: int, probs: dict[str, float]) -> tuple[float, int]:
     """``(log p, next position)`` of the function node starting at ``text[pos]`` at ``depth``."""
-    sym = text[pos]
+    sym = text[pos:pos + 1]
     if sym not in probs or text[pos + 1:pos + 2] != "(":
         raise ValueError(f"expected a function symbol ({', '.join(sorted(probs))}) and '(' at position {pos} "
                          f"of {text!r}")
