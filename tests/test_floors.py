@@ -12,6 +12,7 @@ import torch
 
 from helpers import make_data_dir
 
+from energyformer import build_model
 from energyformer.data import load_tokenizer
 from energyformer.data.listops import (FUNCTIONS, SYMBOLS, ListOpsSettings, chain, exclusion_set, generate,
                                        is_held_out, random_tree, read_test, single_function_tests, to_text)
@@ -239,3 +240,8 @@ def test_listops_report(tmp_path):
     # uniform logits: exactly log V on every predictable token
     uniform = chain_loss(_ChainModel(tok, problems, uniform=True), tok, problems)
     assert uniform["loss"] == pytest.approx(math.log(tok.vocab_size), rel=1e-6)
+    # a real (untrained) model goes through the same path, with forward options
+    model = build_model({"arch": "nrgpt", "vocab_size": tok.vocab_size, "d_model": 8, "n_heads": 1, "n_steps": 2,
+                         "block_size": 128})
+    real = listops_report(model, tok, problems[:3], n_steps=1)
+    assert math.isfinite(real["answer_loss"]["loss"]) and 0.0 <= real["end_token_rate"] <= 1.0
