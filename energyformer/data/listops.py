@@ -190,8 +190,7 @@ def generate(s: ListOpsSettings, max_draws_per_example: int = 200) -> dict:
         text = chain(tree)
         if is_held_out(text, excluded, s.max_args):
             if len(test) < s.n_test:
-                test.append({"prompt": text.split("=", 1)[0] + "=", "answer": str(evaluate(tree)),
-                             "function": SYMBOLS[tree[0]], "chain": text})
+                test.append(_problem(tree, text))
         elif len(train) < s.n_train:
             train.append(text)
         elif len(val) < s.n_val:
@@ -201,6 +200,50 @@ def generate(s: ListOpsSettings, max_draws_per_example: int = 200) -> dict:
                          f"expressions in {budget} draws (got {len(test)} and {len(train) + len(val)}); "
                          "raise exclusion_rate or lower n_test")
     return {"train": train, "val": val, "test": test, "excluded": sorted(excluded)}
+
+
+def _problem(tree: list, text: str) -> dict:
+    return {"prompt": text.split("=", 1)[0] + "=", "answer": str(evaluate(tree)), "function": SYMBOLS[tree[0]],
+            "chain": text}
+
+
+def single_function_tests(s: ListOpsSettings, n: int = 100, max_draws_per_example: int = 200) -> dict[str, list[dict]]:
+    """Held-out test problems whose every operator is one function, per function (the released
+    code's ``test_single_ops``).
+
+    For each function of ``s``, trees are drawn as :func:`random_tree` draws them but from that
+    function alone, and kept when their chain is held out by the same exclusion set as the
+    dataset made with ``s`` (so none can appear in its training split). Each function has its
+    own ``random.Random`` seeded from ``s.seed`` and its name: the sets do not depend on each
+    other or on ``n_train``.
+
+    Returns:
+        ``{function name: [{"prompt", "answer", "function", "chain"}, ...]}`` (``n`` each, in the
+        order of ``s.functions``).
+
+    Raises:
+        ValueError: ``n < 1``, or fewer than ``n`` held-out expressions of a function within
+            ``max_draws_per_example · n`` draws.
+    """
+    check_int("n", n, 1)
+    excluded = exclusion_set(random.Random(s.seed), s)  # the first draws of generate(s)
+    out: dict[str, list[dict]] = {}
+    for name in dict.fromkeys(s.functions):
+        rng = random.Random(f"listops-single-function:{s.seed}:{name}")
+        one = ListOpsSettings(**{**asdict(s), "functions": (name,)})
+        found: list[dict] = []
+        for _ in range(max_draws_per_example * n):
+            tree = random_tree(rng, one)
+            text = chain(tree)
+            if is_held_out(text, excluded, s.max_args):
+                found.append(_problem(tree, text))
+                if len(found) == n:
+                    break
+        else:
+            raise ValueError(f"found {len(found)} of {n} held-out {name} expressions in {max_draws_per_example * n} "
+                             "draws; lower n or raise exclusion_rate")
+        out[name] = found
+    return out
 
 
 def vocabulary(s: ListOpsSettings) -> list[str]:
@@ -270,4 +313,5 @@ def describe(meta: dict) -> str:
             f"train {meta['n_train']:,} / val {meta['n_val']:,} tokens")
 
 
-__all__ = ["FUNCTIONS", "ListOpsSettings", "chain", "evaluate", "generate", "read_test", "write_listops"]
+__all__ = ["FUNCTIONS", "ListOpsSettings", "chain", "evaluate", "generate", "read_test", "single_function_tests",
+           "write_listops"]

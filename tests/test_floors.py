@@ -1,0 +1,247 @@
+"""Floors beside the experiments' numbers: count-model losses of a corpus, the ListOps generator's
+exact entropy, chance accuracies, and the ListOps report's extra metrics."""
+import itertools
+import json
+import math
+import random
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import make_data_dir
+
+from energyformer import build_model
+from energyformer.data import load_tokenizer
+from energyformer.data.listops import (FUNCTIONS, SYMBOLS, ListOpsSettings, chain, exclusion_set, generate,
+                                       is_held_out, random_tree, read_test, single_function_tests, to_text)
+from energyformer.data.task_data import prepare_task_data
+from energyformer.eval.floors import FLOORS_FILE, count_model_losses, dataset_floors, multiple_choice_chance
+from energyformer.tasks.listops import chain_loss, evaluate_listops, listops_report
+from energyformer.tasks.listops_floor import (chance_accuracies, example_log_prob, generator_entropy,
+                                              generator_loss_on)
+
+# ---------------------------------------------------------------------------------------------
+# count models
+# ---------------------------------------------------------------------------------------------
+
+TRAIN, VOCAB = [0, 1, 0, 1, 1], 3  # unigram counts (2, 3, 0); pairs 01 ×2, 10, 11
+
+
+def test_count_models_hand_computed():
+    # add-one unigram: (c + 1) / (N + V) = (3/8, 4/8, 1/8)
+    uni = [Fraction(3, 8), Fraction(4, 8), Fraction(1, 8)]
+    res = count_model_losses(TRAIN, [1, 0, 2], VOCAB)
+    assert res["unigram"] == pytest.approx(-sum(math.log(uni[t]) for t in (1, 0, 2)) / 3, rel=1e-12)
+    # Witten-Bell: c(1)=2, T(1)=2 (followers 0, 1); c(0)=2, T(0)=1 (follower 1)
+    p_1_0 = (1 + 2 * uni[0]) / (2 + 2)  # seen pair 1→0: 7/16
+    p_0_2 = (0 + 1 * uni[2]) / (2 + 1)  # unseen pair 0→2: 1/24, finite
+    assert p_1_0 == Fraction(7, 16) and p_0_2 == Fraction(1, 24)
+    assert res["bigram"] == pytest.approx(-(math.log(p_1_0) + math.log(p_0_2)) / 2, rel=1e-12)
+    # a context never seen in training falls back to the unigram
+    assert count_model_losses(TRAIN, [2, 0], VOCAB)["bigram"] == pytest.approx(-math.log(3 / 8))
+
+
+def test_bigram_rows_are_distributions():
+    rng = np.random.default_rng(0)
+    train, v = rng.integers(0, 6, size=200), 7  # id 6 never appears
+    for a in range(v):
+        total = sum(math.exp(-count_model_losses(train, [a, b], v)["bigram"]) for b in range(v))
+        assert total == pytest.approx(1.0, abs=1e-12)
+
+
+def test_count_models_bad_input():
+    with pytest.raises(ValueError, match="token id 3"):
+        count_model_losses(TRAIN, [3], VOCAB)
+    with pytest.raises(ValueError, match="val_ids is empty"):
+        count_model_losses(TRAIN, [], VOCAB)
+    with pytest.raises(ValueError, match="vocab_size=0"):
+        count_model_losses(TRAIN, [0], 0)
+
+
+def test_dataset_floors_cached_beside_the_data(tmp_path):
+    data = make_data_dir(tmp_path / "tiny")
+    res = dataset_floors(data)
+    assert res["bigram"] < res["unigram"] < math.log(json.loads((data / "meta.json").read_text())["vocab_size"])
+    assert res["bigram_bpt"] == pytest.approx(res["bigram"] / math.log(2))
+    saved = json.loads((data / FLOORS_FILE).read_text())
+    assert saved["identity"]["n_val"] == res["identity"]["n_val"]
+    saved["bigram"] = -1.0  # a cache of the same data is read back as it is
+    (data / FLOORS_FILE).write_text(json.dumps(saved))
+    assert dataset_floors(data)["bigram"] == -1.0
+    saved["identity"]["n_val"] += 1  # a stale cache (other data) is recomputed
+    (data / FLOORS_FILE).write_text(json.dumps(saved))
+    assert dataset_floors(data)["bigram"] == pytest.approx(res["bigram"])
+    # max_tokens fits and scores on the first tokens only (and is part of the cache key)
+    train, val = (np.fromfile(data / f"{s}.bin", dtype=np.uint16) for s in ("train", "val"))
+    vocab = json.loads((data / "meta.json").read_text())["vocab_size"]
+    capped = dataset_floors(data, max_tokens=100)
+    assert capped["bigram"] == pytest.approx(count_model_losses(train[:100], val[:100], vocab)["bigram"])
+    assert dataset_floors(data)["bigram"] == pytest.approx(res["bigram"])
+
+
+def test_dataset_floors_of_listops_hold_the_generator_floor(tmp_path):
+    out = prepare_task_data("listops", out_root=tmp_path, n_train=400, n_val=200, n_test=20)
+    res = dataset_floors(out)["listops"]
+    settings = json.loads((out / "meta.json").read_text())["settings"]
+    assert res["generator"] == generator_entropy(ListOpsSettings(**settings))
+    assert res["generator_on_val"]["n_examples"] == 200
+    assert res["generator_on_val"]["all_tokens"] == pytest.approx(res["generator"]["all_tokens"], rel=0.1)
+
+
+def test_multiple_choice_chance():
+    assert multiple_choice_chance(4) == 0.25 and multiple_choice_chance(1) == 1.0
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="n_choices"):
+            multiple_choice_chance(bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# the ListOps generator's entropy floor, against exact enumeration
+# ---------------------------------------------------------------------------------------------
+
+def _trees(s, depth=0, digits=range(10)):
+    """Every (tree, probability) the generator can draw at ``depth`` (``digits=[0]``: shapes only)."""
+    symbols = [FUNCTIONS[f][0] for f in s.functions]
+    q = s.func_node_prob if depth + 1 < s.max_depth else 0.0
+    children = [(d, (1 - q) / len(digits)) for d in digits]
+    if q > 0:
+        children += [(t, q * p) for t, p in _trees(s, depth + 1, digits)]
+    n_k = s.max_args - s.min_args + 1
+    for sym in symbols:
+        for k in range(s.min_args, s.max_args + 1):
+            for combo in itertools.product(children, repeat=k):
+                p = math.prod(c[1] for c in combo) / len(symbols) / n_k
+                yield [sym, *(c[0] for c in combo)], p
+
+
+@pytest.mark.parametrize("s", [ListOpsSettings(functions=("max",), min_args=1, max_args=2, func_node_prob=0.3),
+                               ListOpsSettings(functions=("max", "median"), max_depth=1)])
+def test_generator_entropy_exact(s):
+    trees = list(_trees(s))
+    assert sum(p for _, p in trees) == pytest.approx(1.0)
+    floor = generator_entropy(s)
+    entropy = -sum(p * math.log(p) for _, p in trees)
+    chain_len = sum(p * len(chain(t)) for t, p in trees)
+    assert floor["example_nats"] == pytest.approx(entropy, rel=1e-10)
+    assert floor["expected_chain_tokens"] == pytest.approx(chain_len, rel=1e-10)
+    assert floor["expected_problem_tokens"] == pytest.approx(sum(p * (len(to_text(t)) + 1) for t, p in trees))
+    assert floor["all_tokens"] == pytest.approx(entropy / chain_len, rel=1e-10)
+    assert floor["after_first_eq"] == 0.0
+    for t, p in trees[:: max(1, len(trees) // 300)]:  # the parser gives each tree its probability
+        assert example_log_prob(chain(t), s) == pytest.approx(math.log(p), rel=1e-10)
+
+
+def test_chain_length_exact_at_depth_3():
+    """Lengths depend on the shape only: enumerate shapes (digit 0 with probability 1 - q)."""
+    s = ListOpsSettings(functions=("sum_mod_10",), max_depth=3, min_args=1, max_args=2, func_node_prob=0.4)
+    shapes = list(_trees(s, digits=[0]))
+    assert sum(p for _, p in shapes) == pytest.approx(1.0)
+    assert generator_entropy(s)["expected_chain_tokens"] == pytest.approx(
+        sum(p * len(chain(t)) for t, p in shapes), rel=1e-10)
+
+
+def test_generator_floor_default_settings_and_stream():
+    s = ListOpsSettings()
+    floor = generator_entropy(s)
+    assert 0 < floor["all_tokens"] < floor["problem_tokens"] < math.log(17)
+    rng = random.Random(3)
+    chains = [chain(random_tree(rng, s)) for _ in range(20_000)]
+    sampled = generator_loss_on("".join(chains), s)  # the decoded stream form
+    assert sampled["n_examples"] == 20_000
+    assert sampled["all_tokens"] == pytest.approx(floor["all_tokens"], rel=0.01)
+    assert sampled["problem_tokens"] == pytest.approx(floor["problem_tokens"], rel=0.01)
+    with pytest.raises(ValueError, match="not an expression"):
+        example_log_prob("S(1234)=", s)  # four arguments
+    for bad in ("Q(12)", "", "S(12"):
+        with pytest.raises(ValueError, match="function symbol|not an expression"):
+            example_log_prob(bad, s)
+
+
+def test_chance_accuracies_hand_example():
+    problems = [{"answer": a, "function": f} for a, f in
+                [("9", "max"), ("9", "max"), ("3", "max"), ("1", "sum_mod_10"), ("1", "sum_mod_10"), ("9", "median")]]
+    res = chance_accuracies(problems)
+    assert res["majority"] == {"answer": "9", "accuracy": 0.5}
+    per = res["majority_per_function"]
+    assert per["per_function"]["max"] == {"answer": "9", "accuracy": 2 / 3, "n": 3}
+    assert per["accuracy"] == pytest.approx(5 / 6)
+    with pytest.raises(ValueError, match="no ListOps problems"):
+        chance_accuracies([])
+
+
+def test_single_function_tests_are_held_out_and_pure():
+    s = ListOpsSettings(n_train=400, n_val=20, n_test=20)
+    sets = single_function_tests(s, n=30)
+    assert list(sets) == list(s.functions) and all(len(v) == 30 for v in sets.values())
+    excluded = exclusion_set(random.Random(s.seed), s)
+    assert excluded == set(generate(s)["excluded"])
+    train = set(generate(s)["train"])
+    for name, problems in sets.items():
+        symbol = FUNCTIONS[name][0]
+        for p in problems:
+            ops = {c for c in p["chain"] if c in SYMBOLS}
+            assert ops == {symbol} and p["function"] == name
+            assert is_held_out(p["chain"], excluded, s.max_args) and p["chain"] not in train
+            assert p["prompt"] == p["chain"].split("=", 1)[0] + "="
+    assert single_function_tests(s, n=30) == sets
+
+
+# ---------------------------------------------------------------------------------------------
+# the ListOps report
+# ---------------------------------------------------------------------------------------------
+
+class _ChainModel(torch.nn.Module):
+    """Puts logit 0 on the true next character of a known chain, −1e9 elsewhere; ``no_end``
+    replaces the end token by '=' (a model that never stops)."""
+
+    def __init__(self, tok, problems, no_end=False, uniform=False):
+        super().__init__()
+        self.tok, self.config = tok, type("C", (), {"block_size": 128})()
+        self.chains = {tuple(tok.encode(p["prompt"])): tok.encode(p["chain"]) for p in problems}
+        self.no_end, self.uniform = no_end, uniform
+        self.end, self.eq = tok.encode("\n")[0], tok.encode("=")[0]
+
+    def forward(self, idx):
+        fill = 0.0 if self.uniform else -1e9
+        logits = torch.full((idx.shape[0], idx.shape[1], self.tok.vocab_size), fill)
+        for b, row in enumerate(idx.tolist()):
+            ids = self.chains[tuple(row[:row.index(self.eq) + 1])]
+            for n in range(len(row)):
+                nxt = ids[n + 1] if n + 1 < len(ids) else self.eq
+                logits[b, n, self.eq if (self.no_end and nxt == self.end) else nxt] = 0.0
+        return logits, None
+
+
+def test_listops_report(tmp_path):
+    out = prepare_task_data("listops", out_root=tmp_path, n_train=300, n_val=30, n_test=40)
+    tok, problems = load_tokenizer(out), read_test(out)[:10]
+    meta = json.loads((out / "meta.json").read_text())
+    single = {k: v[:4] for k, v in single_function_tests(ListOpsSettings(**meta["settings"]), n=4).items()}
+    everything = problems + [p for v in single.values() for p in v]
+    rep = listops_report(_ChainModel(tok, everything), tok, problems, settings=meta["settings"],
+                         single_function=single)
+    drawn = listops_report(_ChainModel(tok, everything), tok, problems, settings=meta["settings"],
+                           single_function=4)  # N per function, drawn from the settings: the same sets
+    assert drawn["single_function"] == rep["single_function"]
+    with pytest.raises(ValueError, match="pass settings"):
+        listops_report(_ChainModel(tok, problems), tok, problems, single_function=4)
+    assert rep["accuracy"] == 1.0 and rep["end_token_rate"] == 1.0
+    assert rep["answer_loss"]["loss"] == pytest.approx(0.0, abs=1e-6)
+    assert rep["answer_loss"]["n_tokens"] == sum(len(p["chain"]) - len(p["prompt"]) for p in problems)
+    assert rep["chance"] == chance_accuracies(problems)
+    assert rep["floor"] == generator_entropy(ListOpsSettings(**meta["settings"]))
+    assert set(rep["single_function"]) == set(single)
+    assert all(v["accuracy"] == 1.0 and v["n"] == 4 for v in rep["single_function"].values())
+    # a model that never emits the end token: end-token rate 0 (the answer parser then fails)
+    stuck = evaluate_listops(_ChainModel(tok, problems, no_end=True), tok, problems)
+    assert stuck["end_token_rate"] == 0.0
+    # uniform logits: exactly log V on every predictable token
+    uniform = chain_loss(_ChainModel(tok, problems, uniform=True), tok, problems)
+    assert uniform["loss"] == pytest.approx(math.log(tok.vocab_size), rel=1e-6)
+    # a real (untrained) model goes through the same path, with forward options
+    model = build_model({"arch": "nrgpt", "vocab_size": tok.vocab_size, "d_model": 8, "n_heads": 1, "n_steps": 2,
+                         "block_size": 128})
+    real = listops_report(model, tok, problems[:3], n_steps=1)
+    assert math.isfinite(real["answer_loss"]["loss"]) and 0.0 <= real["end_token_rate"] <= 1.0
