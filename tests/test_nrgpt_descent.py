@@ -100,7 +100,7 @@ def normalize(p, x):
 
 def step(p, x):
     g = normalize(p, x)
-    force = E.attention_grad_naive(g, p["J"], p["alpha"], 1.0, "strict") + p["s"] * E.ff2w_grad(
+    force = E.attention_grad_reference(g, p["J"], p["alpha"], 1.0, "strict") + p["s"] * E.ff2w_grad(
         g, p["W1"], p["b1"], p["W2"], p["b2"])
     return x - force @ p["eta"].T
 

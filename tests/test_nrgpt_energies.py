@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from energyformer.energies import nrgpt as E
+from energyformer.energies.heads import causal_mask
 
 D = 8
 ATOL = 1e-10
@@ -34,9 +35,9 @@ def _energy(kind, g, w, alpha, beta, mask, context=None):
 def _grads(kind, g, w, alpha, beta, mask):
     if kind == "full":
         return (E.attention_grad(g, w["J"], alpha, beta, mask),
-                E.attention_grad_naive(g, w["J"], alpha, beta, mask))
+                E.attention_grad_reference(g, w["J"], alpha, beta, mask))
     return (E.attention_grad_factored(g, w["q_weight"], w["k_weight"], alpha, beta, mask),
-            E.attention_grad_factored_naive(g, w["q_weight"], w["k_weight"], alpha, beta, mask))
+            E.attention_grad_factored_reference(g, w["q_weight"], w["k_weight"], alpha, beta, mask))
 
 
 def _autograd_partial(kind, g, w, alpha, beta, mask):
@@ -57,9 +58,9 @@ def test_attention_grad_matches_autograd(kind, mask, H, N):
     w, alpha = _attn_params(kind, H, seed=N * H)
     beta = 0.7
     ref, e = _autograd_partial(kind, g, w, alpha, beta, mask)
-    fast, naive = _grads(kind, g, w, alpha, beta, mask)
+    fast, reference = _grads(kind, g, w, alpha, beta, mask)
     assert e.shape == (2, N) and fast.shape == (2, N, D)
-    torch.testing.assert_close(naive, ref, atol=ATOL, rtol=0)
+    torch.testing.assert_close(reference, ref, atol=ATOL, rtol=0)
     torch.testing.assert_close(fast, ref, atol=ATOL, rtol=0)
     assert ref.abs().max() > 1e-3 or (mask == "strict" and N == 1)  # the check is not vacuous
 
@@ -92,7 +93,7 @@ def test_inclusive_force_omits_exactly_the_self_key_term(H):
     force = E.attention_grad(g, J, alpha, beta, "inclusive")
     # s[b, h, A, B] = g_Bᵀ J_h g_A
     scores = beta * torch.einsum("bkd,hde,bae->bhak", g, J, g)
-    p = scores.masked_fill(~E.causal_mask(N, "inclusive"), float("-inf")).softmax(-1)
+    p = scores.masked_fill(~causal_mask(N, N), float("-inf")).softmax(-1)
     p_self = torch.diagonal(p, dim1=-2, dim2=-1)  # (B, H, N)
     self_term = torch.einsum("h,bha,hde,bae->bad", alpha, p_self, J, g)  # α_h p_AA J_h g_A
     for A in range(N):
@@ -121,11 +122,11 @@ def test_strict_first_token_zero_energy_zero_force_finite_backward(kind):
     g = torch.randn(2, 5, D, dtype=torch.float64, requires_grad=True)
     w, alpha = _attn_params(kind, 4)
     e = _energy(kind, g, w, alpha, 1.0, "strict")
-    fast, naive = _grads(kind, g, w, alpha, 1.0, "strict")
+    fast, reference = _grads(kind, g, w, alpha, 1.0, "strict")
     assert torch.equal(e[:, 0], torch.zeros(2, dtype=torch.float64))
     assert torch.equal(fast[:, 0], torch.zeros(2, D, dtype=torch.float64))
-    assert torch.equal(naive[:, 0], torch.zeros(2, D, dtype=torch.float64))
-    (ge,) = torch.autograd.grad(e.sum() + fast.sum() + naive.sum(), g)
+    assert torch.equal(reference[:, 0], torch.zeros(2, D, dtype=torch.float64))
+    (ge,) = torch.autograd.grad(e.sum() + fast.sum() + reference.sum(), g)
     assert torch.isfinite(ge).all()
     # length-1 sequence: everything exactly zero
     g1 = g[:, :1].detach()
@@ -212,15 +213,15 @@ def test_ff_grad_matches_autograd(kind, N):
 @pytest.mark.parametrize("kind", ["ff1", "ff2w"])
 @pytest.mark.parametrize("N", [1, 7, 33])
 @pytest.mark.parametrize("bias", [True, False])
-def test_fused_ff_grad_equals_naive_forward_and_backward(kind, N, bias):
+def test_fused_ff_grad_equals_reference_forward_and_backward(kind, N, bias):
     """The fused autograd.Function fast paths == the plain formulas, values and all gradients."""
     fast = {"ff1": E.ff1_grad, "ff2w": E.ff2w_grad}[kind]
-    naive = {"ff1": E.ff1_grad_naive, "ff2w": E.ff2w_grad_naive}[kind]
+    reference = {"ff1": E.ff1_grad_reference, "ff2w": E.ff2w_grad_reference}[kind]
     w = [p if (bias or i % 2 == 0) else None for i, p in enumerate(_ff_params(kind, seed=N))]
     g = torch.randn(2, N, D, dtype=torch.float64)
     cot = torch.randn(2, N, D, dtype=torch.float64)
     outs = []
-    for fn in (fast, naive):
+    for fn in (fast, reference):
         leaves = [g.clone().requires_grad_(True)] + [None if p is None else p.clone().requires_grad_(True) for p in w]
         out = fn(*leaves)
         grads = torch.autograd.grad((out * cot).sum(), [t for t in leaves if t is not None])
@@ -245,7 +246,7 @@ def test_fused_gelu_parts_avoid_subnormals_and_stay_exact():
     torch.set_flush_denormal(False)  # process-wide; another test may have left it on
     for t in E._gelu_parts(z64.float()):
         assert not ((t != 0) & (t.abs() < tiny)).any()  # no float32 subnormals
-    assert ((E.gelu_prime(z64.float()).abs() < tiny) & (E.gelu_prime(z64.float()) != 0)).any()  # the naive one has them
+    assert ((E.gelu_prime(z64.float()).abs() < tiny) & (E.gelu_prime(z64.float()) != 0)).any()  # the reference one has them
 
 
 def test_ff_energy_values_plain():

@@ -73,7 +73,7 @@ def _check_cem_sub(sub):
         torch.testing.assert_close(analytic, auto, atol=ATOL, rtol=0)
     with torch.no_grad():
         p = torch.eye(D, dtype=x.dtype) if sub.preconditioner is None else sub.preconditioner.matrix()
-        expected = x - sub.eta(0) * analytic @ p.t()
+        expected = x - sub.step_size_at(0) * analytic @ p.t()
         torch.testing.assert_close(sub._descend(x, analytic, 0), expected, atol=ATOL, rtol=0)
 
 

@@ -29,7 +29,7 @@ Two parameterizations of ``J_h``:
 
 The attention ``*_grad`` functions are the fast path (``scaled_dot_product_attention``) and the
 FF1/FF2W ``*_grad`` functions fused ``autograd.Function``s with hand-written backwards; each
-``*_grad_naive`` function is the plain reference (explicit masked softmax / the formula under
+``*_grad_reference`` function is the plain reference (explicit masked softmax / the formula under
 ordinary autograd) held equal to it, and to ``torch.autograd`` on the energy, in the tests.
 
 Feed-forward energies (docs/nrgpt.md §3; σ = exact-erf GELU, biases as in the reference code)::
@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from energyformer._validate import check_choice
-from energyformer.energies.heads import causal_mask as causal_mask_offset
+from energyformer.energies.heads import causal_mask
 
 MASKS = ("strict", "inclusive")
 
@@ -57,28 +57,15 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
 # --------------------------------------------------------------------------------------------
-# masks
+# masks (the boolean mask itself is energyformer.energies.heads.causal_mask, strict = B < A)
 # --------------------------------------------------------------------------------------------
-def causal_mask(n: int, mask: str = "strict", device: torch.device | None = None) -> torch.Tensor:
-    """Boolean ``(N, N)`` matrix ``allowed[A, B]``: may query ``A`` attend to key ``B``.
-
-    ``"strict"``: ``B < A`` (row 0 is empty). ``"inclusive"``: ``B ≤ A``.
-
-    Raises:
-        ValueError: ``mask`` not in ``("strict", "inclusive")``.
-    """
-    check_choice("mask", mask, MASKS)
-    diagonal = -1 if mask == "strict" else 0
-    return torch.ones(n, n, dtype=torch.bool, device=device).tril(diagonal)
-
-
 def _safe_mask(n: int, mask: str, device) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Mask with every row non-empty (row 0 of the strict mask gets its diagonal) + the empty rows.
 
     The filled-in entries only keep softmax / log-sum-exp finite; their results are discarded
     (set to exactly 0) by the callers, so no information flows through them.
     """
-    allowed = causal_mask(n, mask, device)
+    allowed = causal_mask(n, n, device, strict=mask == "strict")
     if mask == "strict":
         empty = torch.zeros(n, dtype=torch.bool, device=device)
         empty[0] = True
@@ -162,7 +149,7 @@ def attention_grad(g: torch.Tensor, J: torch.Tensor, alpha: torch.Tensor, beta: 
     return _sdpa_force(q, keys, alpha, beta, mask, dropout_p, out_weight=None)
 
 
-def attention_grad_naive(g: torch.Tensor, J: torch.Tensor, alpha: torch.Tensor, beta: float,
+def attention_grad_reference(g: torch.Tensor, J: torch.Tensor, alpha: torch.Tensor, beta: float,
                          mask: str = "strict") -> torch.Tensor:
     """Plain reference for :func:`attention_grad` (explicit masked softmax): ``(B, N, d)``."""
     check_choice("mask", mask, MASKS)
@@ -207,7 +194,7 @@ def attention_grad_factored(g: torch.Tensor, q_weight: torch.Tensor, k_weight: t
     return _sdpa_force(q, k, alpha, beta, mask, dropout_p, out_weight=q_weight.to(g.dtype))
 
 
-def attention_grad_factored_naive(g: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+def attention_grad_factored_reference(g: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
                                   alpha: torch.Tensor, beta: float, mask: str = "strict") -> torch.Tensor:
     """Plain reference for :func:`attention_grad_factored`: ``(B, N, d)``."""
     check_choice("mask", mask, MASKS)
@@ -264,7 +251,7 @@ def _offset_mask(n: int, s: int, mask: str, device) -> tuple[torch.Tensor, torch
     """:func:`_safe_mask` for queries at the last ``n`` of ``s`` positions: ``(n, s)`` allowed, empty rows."""
     if n == s:
         return _safe_mask(n, mask, device)
-    return causal_mask_offset(n, s, device, strict=mask == "strict"), None  # s > n: every row has a key
+    return causal_mask(n, s, device, strict=mask == "strict"), None  # s > n: every row has a key
 
 
 def attention_force_from_keys(q: torch.Tensor, keys: torch.Tensor, alpha: torch.Tensor, beta: float,
@@ -340,13 +327,13 @@ def ff1_grad(g: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None) -> torch.
 
     Fast path: a fused ``autograd.Function`` with a hand-written backward (saves two
     ``(…, M)`` tensors instead of the ~10 element-wise intermediates autograd would keep);
-    first-order differentiable only. :func:`ff1_grad_naive` is the plain reference held equal
+    first-order differentiable only. :func:`ff1_grad_reference` is the plain reference held equal
     in the tests, forward and backward.
     """
     return _FF1Grad.apply(g, W.to(g.dtype), None if b is None else b.to(g.dtype))[0]
 
 
-def ff1_grad_naive(g: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+def ff1_grad_reference(g: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     """Plain reference for :func:`ff1_grad` (ordinary autograd through the formula)."""
     z = _linear(g, W, b)
     return -2.0 * (gelu(z) * gelu_prime(z)) @ W.to(g.dtype)
@@ -364,14 +351,14 @@ def ff2w_grad(g: torch.Tensor, W1: torch.Tensor, b1: torch.Tensor | None,
 
     The first term is a standard MLP; the second is the symmetric correction.
     Fast path: a fused ``autograd.Function`` with a hand-written backward (saves four
-    ``(…, M)`` tensors; first-order differentiable only); :func:`ff2w_grad_naive` is the plain
+    ``(…, M)`` tensors; first-order differentiable only); :func:`ff2w_grad_reference` is the plain
     reference held equal in the tests, forward and backward.
     """
     cast = lambda t: None if t is None else t.to(g.dtype)  # noqa: E731
     return _FF2WGrad.apply(g, cast(W1), cast(b1), cast(W2), cast(b2))[0]
 
 
-def ff2w_grad_naive(g: torch.Tensor, W1: torch.Tensor, b1: torch.Tensor | None,
+def ff2w_grad_reference(g: torch.Tensor, W1: torch.Tensor, b1: torch.Tensor | None,
                     W2: torch.Tensor, b2: torch.Tensor | None) -> torch.Tensor:
     """Plain reference for :func:`ff2w_grad` (ordinary autograd through the formula)."""
     z = _linear(g, W1, b1)
@@ -401,8 +388,6 @@ def ff2_grad(g: torch.Tensor, Wa: torch.Tensor, a: torch.Tensor | None,
     s2, sp2 = _gelu_parts(_linear(s1, Wb, b), second=False)
     return -2.0 * (sp1 * ((s2 * sp2) @ Wb.to(g.dtype))) @ Wa.to(g.dtype)
 
-
-FF_KINDS = ("ff1", "ff2w", "ff2")
 
 
 # --------------------------------------------------------------------------------------------

@@ -2,24 +2,20 @@
 energies (docs/nrgpt.md §3).
 
 :data:`NRGPT_ATTENTIONS` — how the per-head interaction ``J_h`` of
-``E_A = −(1/β) Σ_h α_h log Σ_{B∈ctx(A)} exp(β g_Bᵀ J_h g_A)`` is parameterized:
-
-* ``full``      one free ``J_h ∈ R^{d×d}`` per head (the reference code; Parameter ``J`` (H, d, d)),
-  ``β = 1`` by default.
-* ``factored``  ``J_h = W^K_hᵀ W^Q_h`` (``q_proj``, ``k_proj``), ``β = 1/sqrt(d_h)`` by default.
-
-Each entry owns ``J``'s parameters, the head weights α (``learn_alpha``), the β default, the
-mask, and the energy / analytic gradient through :mod:`energyformer.energies.nrgpt`.
+``E_A = −(1/β) Σ_h α_h log Σ_{B∈ctx(A)} exp(β g_Bᵀ J_h g_A)`` is parameterized. Each entry owns
+``J``'s parameters, the head weights α (``learn_alpha``), the β default, the mask, its keys and
+queries (what a cache slot holds) and the energy / analytic gradient through
+:mod:`energyformer.energies.nrgpt`.
 
 :data:`FF_ENERGIES` — the feed-forward energy ``E_FF`` (σ = exact GELU; biases as in the
-reference code):
+reference code); an entry lists its projections and names its pure energy/gradient functions.
 
-* ``ff1``   ``−‖σ(W g + b)‖²``                       (``up_proj``)
-* ``ff2w``  ``−gᵀ(W² σ(W¹ g + b¹) + b²)``            (``up_proj`` = W¹, ``down_proj`` = W²)
-* ``ff2``   ``−‖σ(W^b σ(W^a g + a) + b)‖²``          (``in_proj`` = W^a, ``up_proj`` = W^b)
+The entries and what each is: the ``attention`` and ``ff`` tables of docs/architecture.md,
+generated from the registries (``python -m energyformer.utils.registry``).
 
 Adding an entry: subclass :class:`NRGPTAttention` / :class:`FFEnergy` and register it;
-``tests/test_registries.py`` checks every registered entry (causality, autograd identity).
+``tests/test_registries.py`` checks every registered entry (causality, autograd identity,
+gradcheck w.r.t. every parameter).
 """
 from __future__ import annotations
 
@@ -35,8 +31,10 @@ from energyformer.utils.registry import Registry
 
 __all__ = ["NRGPT_ATTENTIONS", "FF_ENERGIES", "NRGPTAttention", "FFEnergy"]
 
-NRGPT_ATTENTIONS: Registry[type["NRGPTAttention"]] = Registry("attention")
-FF_ENERGIES: Registry[type["FFEnergy"]] = Registry("ff")
+NRGPT_ATTENTIONS: Registry[type["NRGPTAttention"]] = Registry(
+    "attention", "NRGPT attention energies (model option `attention`)", "docs/nrgpt.md §2")
+FF_ENERGIES: Registry[type["FFEnergy"]] = Registry(
+    "ff", "NRGPT feed-forward energies (model option `ff`)", "docs/nrgpt.md §3")
 
 
 class NRGPTAttention(nn.Module):
@@ -52,6 +50,7 @@ class NRGPTAttention(nn.Module):
     """
 
     name: ClassVar[str] = ""
+    section: ClassVar[str] = "docs/nrgpt.md §2"
 
     def __init__(self, d_model: int, n_heads: int, head_dim: int, *, beta: float | None = None,
                  learn_alpha: bool = True, mask: str = "strict"):
@@ -111,6 +110,10 @@ class NRGPTAttention(nn.Module):
     def energy_from_keys(self, g: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """Per-token ``E_AT`` ``(B, N)`` of the last ``N`` positions given every position's ``keys``."""
         return E.attention_energy_from_keys(self.queries(g), keys, self.alpha, self.beta, self.mask)
+
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        """Parameters by accounting group: ``attention`` (J or its factors, and α)."""
+        return {"attention": list(self.parameters())}
 
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}, beta={self.beta:.4g}, mask={self.mask!r}"
@@ -184,6 +187,7 @@ class FFEnergy(nn.Module):
     """
 
     name: ClassVar[str] = ""
+    section: ClassVar[str] = "docs/nrgpt.md §3"
     projections: ClassVar[tuple[tuple[str, str, str], ...]] = ()
 
     def __init__(self, d_model: int, d_ff: int):
@@ -207,6 +211,10 @@ class FFEnergy(nn.Module):
     def grad(self, g: torch.Tensor) -> torch.Tensor:
         """``∂E_FF/∂g`` ``(B, N, d)`` (analytic)."""
         return self.grad_fn(g, *self.weights())
+
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        """Parameters by accounting group: ``ff`` (every projection's weight and bias)."""
+        return {"ff": list(self.parameters())}
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, d_ff={self.d_ff}"
