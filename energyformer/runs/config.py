@@ -39,6 +39,7 @@ from energyformer.models.base import ModelConfig
 from energyformer.models.registry import ARCHS, get_arch
 from energyformer.runs.recipe import deep_merge, read_recipe
 from energyformer.utils.io import atomic_write_text
+from energyformer.utils.plugins import check_imports, load_plugins
 
 SECTIONS = ("model", "data", "train")
 LR_SCHEDULES = ("cosine", "exponential", "constant")
@@ -244,10 +245,13 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     explicit: dict[str, frozenset[str]] | None = field(default=None, compare=False, repr=False)
+    #: plugin modules imported before the model is built (:func:`energyformer.utils.plugins.load_plugins`)
+    imports: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain nested dict (lists instead of tuples) in the recipe layout."""
-        return _plain({"model": self.model.to_dict(), "data": dataclasses.asdict(self.data),
+        """Plain nested dict (lists instead of tuples) in the recipe layout; ``imports`` only when set."""
+        out = {"imports": list(self.imports)} if self.imports else {}
+        return _plain({**out, "model": self.model.to_dict(), "data": dataclasses.asdict(self.data),
                        "train": dataclasses.asdict(self.train)})
 
 
@@ -256,7 +260,8 @@ class RunConfig:
 # --------------------------------------------------------------------------------------------
 
 def load_config(path_or_dict: str | Path | Mapping[str, Any], overrides: Sequence[str] = (),
-                resolve_vocab: bool = False, default_vocab_size: int | None = None) -> RunConfig:
+                resolve_vocab: bool = False, default_vocab_size: int | None = None,
+                imports: Sequence[str] = ()) -> RunConfig:
     """Build a :class:`RunConfig` from a YAML recipe (or dict) plus command-line overrides.
 
     Args:
@@ -273,6 +278,9 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any], overrides: Sequenc
         default_vocab_size: with ``resolve_vocab``, the vocab size to use when that ``meta.json``
             does not exist (e.g. to inspect a recipe before the data is prepared); ``None`` makes
             a missing ``meta.json`` an error.
+        imports: plugin modules added to the recipe's top-level ``imports:`` list. All of them
+            are imported (:func:`~energyformer.utils.plugins.load_plugins`) before the model
+            section is read, and the returned config keeps them (``save_config`` writes them).
 
     Returns:
         the validated run config (every ``None`` default that depends on other fields resolved).
@@ -280,11 +288,14 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any], overrides: Sequenc
     Raises:
         FileNotFoundError: the recipe file (or a base recipe) or, with ``resolve_vocab``, the
             data meta.json is missing.
-        ValueError: one line naming the key: malformed YAML or override, an inheritance cycle,
+        ValueError: one line naming the key: a plugin module that fails to import, malformed YAML or override, an inheritance cycle,
             unknown section/key (with the valid ones and a "did you mean"), a value of the wrong
             type (with the expected type) or an invalid value (from the dataclass).
     """
     raw, stem = _read_raw(path_or_dict)
+    extra = check_imports(imports if isinstance(imports, str) else list(imports))
+    plugins = check_imports([*raw.pop("imports"), *extra])
+    load_plugins(plugins)
     given = _with_overrides({section: {} for section in SECTIONS}, overrides)
     arch = given["model"].get("arch", raw["model"].get("arch"))
     if arch is None:
@@ -312,7 +323,7 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any], overrides: Sequenc
         ns.model.vocab_size = _vocab_from_meta(data.path, default_vocab_size)
     init = parser.instantiate(ns)
     explicit = {section: frozenset(raw[section]) for section in SECTIONS}
-    return RunConfig(model=init.model, data=init.data, train=init.train, explicit=explicit)
+    return RunConfig(model=init.model, data=init.data, train=init.train, explicit=explicit, imports=plugins)
 
 
 def save_config(run_cfg: RunConfig, path: str | Path) -> Path:
@@ -348,11 +359,11 @@ def _read_raw(path_or_dict: str | Path | Mapping[str, Any]) -> tuple[dict[str, A
         raw, stem = read_recipe(path_or_dict), Path(path_or_dict).stem
     else:
         raise ValueError(f"load_config expects a YAML path or a dict, got {type(path_or_dict).__name__}")
-    unknown = sorted(set(raw) - set(SECTIONS))
+    unknown = sorted(set(raw) - set(SECTIONS) - {"imports"})
     if unknown:
         raise ValueError(f"unknown config section(s) {unknown}; expected some of {list(SECTIONS)} "
-                         "(and base)")
-    out = {}
+                         "(and base, imports)")
+    out: dict[str, Any] = {"imports": check_imports(raw.get("imports"))}
     for section in SECTIONS:
         value = raw.get(section)
         if value is None:

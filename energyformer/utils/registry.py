@@ -129,10 +129,11 @@ class Registry(Generic[T]):
 
 
 def _summary(entry: Any) -> str:
-    """The first paragraph of ``entry``'s own docstring as one line, ``|`` escaped for a table cell."""
+    """The first paragraph of ``entry``'s own docstring as one line of Markdown (reST double backquotes
+    become single ones, ``|`` is escaped for a table cell)."""
     doc = inspect.getdoc(entry) or ""
     first = doc.split("\n\n", 1)[0]
-    return " ".join(first.split()).replace("|", "\\|")
+    return " ".join(first.split()).replace("``", "`").replace("|", "\\|")
 
 
 # ------------------------------------------------------------------------------- generated docs
@@ -204,5 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # run the imported module's main: its REGISTRIES are the ones the layers fill
+    from energyformer.utils.registry import main as _main
+
+    sys.exit(_main())
