@@ -28,16 +28,16 @@ def _attn_params(kind, H, seed=0, d=D):
 
 def _energy(kind, g, w, alpha, beta, mask, context=None):
     if kind == "full":
-        return E.attention_energy(g, w["J"], alpha, beta, mask, context=context)
-    return E.attention_energy_factored(g, w["q_weight"], w["k_weight"], alpha, beta, mask, context=context)
+        return E.attention_energy(g, w["J"], alpha, beta, mask == "strict", context=context)
+    return E.attention_energy_factored(g, w["q_weight"], w["k_weight"], alpha, beta, mask == "strict", context=context)
 
 
 def _grads(kind, g, w, alpha, beta, mask):
     if kind == "full":
-        return (E.attention_grad(g, w["J"], alpha, beta, mask),
-                E.attention_grad_reference(g, w["J"], alpha, beta, mask))
-    return (E.attention_grad_factored(g, w["q_weight"], w["k_weight"], alpha, beta, mask),
-            E.attention_grad_factored_reference(g, w["q_weight"], w["k_weight"], alpha, beta, mask))
+        return (E.attention_grad(g, w["J"], alpha, beta, mask == "strict"),
+                E.attention_grad_reference(g, w["J"], alpha, beta, mask == "strict"))
+    return (E.attention_grad_factored(g, w["q_weight"], w["k_weight"], alpha, beta, mask == "strict"),
+            E.attention_grad_factored_reference(g, w["q_weight"], w["k_weight"], alpha, beta, mask == "strict"))
 
 
 def _autograd_partial(kind, g, w, alpha, beta, mask):
@@ -90,7 +90,7 @@ def test_inclusive_force_omits_exactly_the_self_key_term(H):
     g = torch.randn(2, N, D, dtype=torch.float64)
     w, alpha = _attn_params("full", H, seed=2)
     J, beta = w["J"], 0.9
-    force = E.attention_grad(g, J, alpha, beta, "inclusive")
+    force = E.attention_grad(g, J, alpha, beta, False)
     # s[b, h, A, B] = g_Bᵀ J_h g_A
     scores = beta * torch.einsum("bkd,hde,bae->bhak", g, J, g)
     p = scores.masked_fill(~causal_mask(N, N), float("-inf")).softmax(-1)
@@ -99,7 +99,7 @@ def test_inclusive_force_omits_exactly_the_self_key_term(H):
     for A in range(N):
         gA = g[:, A].clone().requires_grad_(True)
         gg = torch.cat([g[:, :A], gA[:, None], g[:, A + 1:]], dim=1)
-        (full,) = torch.autograd.grad(E.attention_energy(gg, J, alpha, beta, "inclusive")[:, A].sum(), gA)
+        (full,) = torch.autograd.grad(E.attention_energy(gg, J, alpha, beta, False)[:, A].sum(), gA)
         torch.testing.assert_close(full, force[:, A] - self_term[:, A], atol=ATOL, rtol=0)
     assert self_term.abs().max() > 1e-3
 
@@ -112,9 +112,9 @@ def test_factored_equals_full_with_J_from_factors(mask, H):
     w, alpha = _attn_params("factored", H, seed=4)
     J = w["k_weight"].transpose(1, 2) @ w["q_weight"]  # J_h = W^Kᵀ W^Q
     torch.testing.assert_close(_energy("factored", g, w, alpha, 0.5, mask),
-                               E.attention_energy(g, J, alpha, 0.5, mask), atol=ATOL, rtol=0)
+                               E.attention_energy(g, J, alpha, 0.5, mask == "strict"), atol=ATOL, rtol=0)
     torch.testing.assert_close(_grads("factored", g, w, alpha, 0.5, mask)[0],
-                               E.attention_grad(g, J, alpha, 0.5, mask), atol=ATOL, rtol=0)
+                               E.attention_grad(g, J, alpha, 0.5, mask == "strict"), atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("kind", ["full", "factored"])
@@ -156,7 +156,7 @@ def test_attention_energy_value_against_plain_loop():
     w, alpha = _attn_params("full", H)
     J, beta = w["J"], 0.8
     for mask in ("strict", "inclusive"):
-        e = E.attention_energy(g, J, alpha, beta, mask)
+        e = E.attention_energy(g, J, alpha, beta, mask == "strict")
         for A in range(N):
             ctx = range(A) if mask == "strict" else range(A + 1)
             ref = 0.0
@@ -171,9 +171,9 @@ def test_attention_dropout_only_changes_forces_when_p_positive():
     torch.manual_seed(0)
     g = torch.randn(2, 6, D, dtype=torch.float64)
     w, alpha = _attn_params("full", 2)
-    base = E.attention_grad(g, w["J"], alpha, 1.0, "strict")
-    torch.testing.assert_close(E.attention_grad(g, w["J"], alpha, 1.0, "strict", dropout_p=0.0), base)
-    assert not torch.allclose(E.attention_grad(g, w["J"], alpha, 1.0, "strict", dropout_p=0.5), base)
+    base = E.attention_grad(g, w["J"], alpha, 1.0, True)
+    torch.testing.assert_close(E.attention_grad(g, w["J"], alpha, 1.0, True, dropout_p=0.0), base)
+    assert not torch.allclose(E.attention_grad(g, w["J"], alpha, 1.0, True, dropout_p=0.5), base)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -268,10 +268,10 @@ def test_gelu_prime_matches_autograd():
 def test_bad_mask_and_shapes_raise():
     g = torch.randn(1, 3, D, dtype=torch.float64)
     w, alpha = _attn_params("full", 2)
-    with pytest.raises(ValueError, match="mask"):
+    with pytest.raises(ValueError, match="strict='causal' must be a bool"):
         E.attention_energy(g, w["J"], alpha, 1.0, "causal")
-    with pytest.raises(ValueError, match="mask"):
-        E.attention_grad(g, w["J"], alpha, 1.0, "bidirectional")
+    with pytest.raises(ValueError, match="strict='inclusive' must be a bool"):  # the old string argument
+        E.attention_grad(g, w["J"], alpha, 1.0, "inclusive")
     with pytest.raises(ValueError, match="alpha"):
         E.attention_grad(g, w["J"], torch.ones(3, dtype=torch.float64), 1.0)
     with pytest.raises(ValueError, match="context"):

@@ -29,7 +29,10 @@ from energyformer._validate import check_choice, check_float, check_int
 from energyformer.energies import nrgpt as E
 from energyformer.utils.registry import Registry
 
-__all__ = ["NRGPT_ATTENTIONS", "FF_ENERGIES", "NRGPTAttention", "FFEnergy"]
+__all__ = ["NRGPT_ATTENTIONS", "FF_ENERGIES", "MASKS", "NRGPTAttention", "FFEnergy"]
+
+#: the attention masks (model option ``mask``): ``"strict"`` B < A (the paper), ``"inclusive"`` B ≤ A
+MASKS = ("strict", "inclusive")
 
 NRGPT_ATTENTIONS: Registry[type["NRGPTAttention"]] = Registry(
     "attention", "NRGPT attention energies (model option `attention`)", "docs/nrgpt.md §2")
@@ -58,7 +61,8 @@ class NRGPTAttention(nn.Module):
         check_int("d_model", d_model, 1)
         check_int("n_heads", n_heads, 1)
         check_int("head_dim", head_dim, 1)
-        self.mask = check_choice("mask", mask, E.MASKS)
+        self.mask = check_choice("mask", mask, MASKS)
+        self.strict = mask == "strict"  # what the pure functions take
         if not isinstance(learn_alpha, bool):
             raise ValueError(f"learn_alpha={learn_alpha!r} must be a bool")
         self.beta = check_float("beta", self.default_beta(head_dim) if beta is None else beta, 0.0, strict=True)
@@ -105,11 +109,11 @@ class NRGPTAttention(nn.Module):
     def grad_from_keys(self, g: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """``∂E_AT/∂g`` ``(B, N, d)`` of the last ``N`` positions given every position's ``keys``
         ``(B, H, S, e)``; equals :meth:`grad` on the whole sequence (no dropout)."""
-        return E.attention_force_from_keys(self.queries(g), keys, self.alpha, self.beta, self.mask, self.out_weight())
+        return E.attention_force_from_keys(self.queries(g), keys, self.alpha, self.beta, self.strict, self.out_weight())
 
     def energy_from_keys(self, g: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """Per-token ``E_AT`` ``(B, N)`` of the last ``N`` positions given every position's ``keys``."""
-        return E.attention_energy_from_keys(self.queries(g), keys, self.alpha, self.beta, self.mask)
+        return E.attention_energy_from_keys(self.queries(g), keys, self.alpha, self.beta, self.strict)
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         """Parameters by accounting group: ``attention`` (J or its factors, and α)."""
@@ -130,10 +134,10 @@ class FullAttention(NRGPTAttention):
         nn.init.normal_(self.J, mean=0.0, std=0.02)
 
     def grad(self, g: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
-        return E.attention_grad(g, self.J, self.alpha, self.beta, self.mask, dropout_p=dropout_p)
+        return E.attention_grad(g, self.J, self.alpha, self.beta, self.strict, dropout_p=dropout_p)
 
     def energy(self, g: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
-        return E.attention_energy(g, self.J, self.alpha, self.beta, self.mask, context=context)
+        return E.attention_energy(g, self.J, self.alpha, self.beta, self.strict, context=context)
 
     def keys(self, g: torch.Tensor) -> torch.Tensor:
         return E.attention_keys(g, self.J)
@@ -159,10 +163,10 @@ class FactoredAttention(NRGPTAttention):
         return self.q_proj.weight.view(H, dh, d), self.k_proj.weight.view(H, dh, d)
 
     def grad(self, g: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
-        return E.attention_grad_factored(g, *self._qk(), self.alpha, self.beta, self.mask, dropout_p=dropout_p)
+        return E.attention_grad_factored(g, *self._qk(), self.alpha, self.beta, self.strict, dropout_p=dropout_p)
 
     def energy(self, g: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
-        return E.attention_energy_factored(g, *self._qk(), self.alpha, self.beta, self.mask, context=context)
+        return E.attention_energy_factored(g, *self._qk(), self.alpha, self.beta, self.strict, context=context)
 
     def keys(self, g: torch.Tensor) -> torch.Tensor:
         return E.head_projection(g, self._qk()[1])
