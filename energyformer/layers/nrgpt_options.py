@@ -40,7 +40,17 @@ FF_ENERGIES: Registry[type["FFEnergy"]] = Registry(
     "ff", "NRGPT feed-forward energies (model option `ff`)", "docs/nrgpt.md §3")
 
 
-class NRGPTAttention(nn.Module):
+class _OneGroup(nn.Module):
+    """An entry whose parameters form one accounting group, named :attr:`group`."""
+
+    group: ClassVar[str] = ""
+
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        """Parameters by accounting group: ``{group: every parameter of the entry}``."""
+        return {self.group: list(self.parameters())}
+
+
+class NRGPTAttention(_OneGroup):
     """Base class of an NRGPT attention energy (per-token energy and partial gradient).
 
     Args:
@@ -54,6 +64,7 @@ class NRGPTAttention(nn.Module):
 
     name: ClassVar[str] = ""
     section: ClassVar[str] = "docs/nrgpt.md §2"
+    group = "attention"  # J (or its factors) and α
 
     def __init__(self, d_model: int, n_heads: int, head_dim: int, *, beta: float | None = None,
                  learn_alpha: bool = True, mask: str = "strict"):
@@ -115,10 +126,6 @@ class NRGPTAttention(nn.Module):
         """Per-token ``E_AT`` ``(B, N)`` of the last ``N`` positions given every position's ``keys``."""
         return E.attention_energy_from_keys(self.queries(g), keys, self.alpha, self.beta, self.strict)
 
-    def param_groups(self) -> dict[str, list[nn.Parameter]]:
-        """Parameters by accounting group: ``attention`` (J or its factors, and α)."""
-        return {"attention": list(self.parameters())}
-
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}, beta={self.beta:.4g}, mask={self.mask!r}"
 
@@ -178,7 +185,7 @@ class FactoredAttention(NRGPTAttention):
         return self._qk()[0]
 
 
-class FFEnergy(nn.Module):
+class FFEnergy(_OneGroup):
     """Base class of an NRGPT feed-forward energy (per token; no context).
 
     An entry lists its projections in :attr:`projections` as ``(name, in, out)`` with sizes
@@ -192,6 +199,7 @@ class FFEnergy(nn.Module):
 
     name: ClassVar[str] = ""
     section: ClassVar[str] = "docs/nrgpt.md §3"
+    group = "ff"  # every projection's weight and bias
     projections: ClassVar[tuple[tuple[str, str, str], ...]] = ()
 
     def __init__(self, d_model: int, d_ff: int):
@@ -215,10 +223,6 @@ class FFEnergy(nn.Module):
     def grad(self, g: torch.Tensor) -> torch.Tensor:
         """``∂E_FF/∂g`` ``(B, N, d)`` (analytic)."""
         return self.grad_fn(g, *self.weights())
-
-    def param_groups(self) -> dict[str, list[nn.Parameter]]:
-        """Parameters by accounting group: ``ff`` (every projection's weight and bias)."""
-        return {"ff": list(self.parameters())}
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, d_ff={self.d_ff}"
