@@ -1,7 +1,8 @@
 """A new interaction *energy* (new math, not a tweak of an entry) is a plugin of two files outside the
 package (tests/plugin_quadratic/: the energy file and the registry-entry file). Named in a recipe's
 ``imports:``, it is trained, resumed, sampled, evaluated and exported through the CLI, each command in
-a fresh process that learns of the plugin only from the run's config.yaml; its analytic gradient
+a fresh process that learns of the plugin only from the run's config.yaml (the exported folder's
+config.json keeps it too, for ``from_pretrained``); its analytic gradient
 equals autograd in float64 (also with a KV cache).
 """
 import os
@@ -104,6 +105,13 @@ def test_plugin_energy_trains_resumes_samples_evals_and_exports_in_fresh_process
     _ok(_cli(["eval", run, "--tasks", "val_loss", "--limit", "2"], tmp_path, plugin_dir))
     _ok(_cli(["export", run, "--to", tmp_path / "hf"], tmp_path, plugin_dir))
     assert (tmp_path / "hf" / "model.safetensors").is_file()
+    load_hf = ("import sys, torch, energyformer.hf; from transformers import AutoModelForCausalLM; "
+               "m = AutoModelForCausalLM.from_pretrained(sys.argv[1]); "
+               "print(m.config.imports, tuple(m(torch.zeros(1, 4, dtype=torch.long)).logits.shape))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(plugin_dir)]), "HF_HUB_OFFLINE": "1"}
+    r = _ok(subprocess.run([sys.executable, "-c", load_hf, str(tmp_path / "hf")], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=600))
+    assert f"['{MODULE}']" in r.stdout and "(1, 4, " in r.stdout, r.stdout
     # without the plugin on the path: one line naming the module, exit 2
     r = _cli(["sample", run, "--max_new_tokens", "2"], tmp_path)
     err = r.stderr.strip()
