@@ -97,3 +97,29 @@ def test_report_is_readable_for_cem_llama_and_gpt():
     gpt = parameter_report(GPTConfig(vocab_size=V))
     assert "total" in gpt and "arch='gpt'" in gpt
     assert parameter_counts(GPTConfig(vocab_size=V))["total"] > 0
+
+
+def test_groups_come_from_the_entries():
+    """A new entry with a new kind of parameter gets its own accounting row with no change here."""
+    import torch
+    import torch.nn as nn
+
+    from energyformer.layers.cem_options import INTERACTIONS, LowRankInteraction
+
+    @INTERACTIONS.register("toy_with_temperature")
+    class ToyWithTemperature(LowRankInteraction):
+        """Low rank plus a learned per-head temperature (a toy for the accounting)."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.log_temp = nn.Parameter(torch.zeros(self.n_heads))
+
+        def param_groups(self):
+            return {**super().param_groups(), "temperature": [self.log_temp]}
+
+    try:
+        c = parameter_counts(_cem(interaction="toy_with_temperature"))
+        assert c["per_layer"]["attn"]["temperature"] == H and "temperature" not in c["per_layer"]["mlp"]
+        assert "per layer: attention temperature" in parameter_report(_cem(interaction="toy_with_temperature"))
+    finally:
+        INTERACTIONS.unregister("toy_with_temperature")

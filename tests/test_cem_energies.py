@@ -11,9 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from energyformer.energies.cem import (gated_mlp_context, gated_mlp_energy, gated_mlp_grad, interaction_context,
+from energyformer.energies.cem import (gate_tie_context, gate_tie_energy, gate_tie_grad, interaction_context,
                                        interaction_energy, interaction_energy_reference, interaction_grad,
-                                       interaction_grad_reference, rms_norm_vjp)
+                                       interaction_grad_reference, rms_norm_vjp, up_tie_context, up_tie_energy,
+                                       up_tie_grad)
 from energyformer.energies.heads import apply_rope, rope_cos_sin, rope_matrices
 from energyformer.energies.silu_antiderivative import dilog, dilog_neg_exp, silu_antiderivative
 
@@ -86,10 +87,10 @@ def test_llama_rope_mode_matches_reference_and_differs_from_exact(diag_kind):
     g, h, w_q, w_k, gen = _data(n, heads, seed=3)
     diag = _diag(diag_kind, heads, gen)
     rope = rope_cos_sin(n, DH, 100.0, dtype=DT)
-    llama = interaction_grad(g, h, w_q, w_k, heads, diag=diag, rope=rope, rope_mode="llama")
-    ref = interaction_grad_reference(g, h, w_q, w_k, heads, diag=diag, rope=rope, rope_mode="llama")
+    llama = interaction_grad(g, h, w_q, w_k, heads, diag=diag, rope=rope, exact_rope=False)
+    ref = interaction_grad_reference(g, h, w_q, w_k, heads, diag=diag, rope=rope, exact_rope=False)
     torch.testing.assert_close(llama, ref, atol=ATOL, rtol=0)
-    exact = interaction_grad(g, h, w_q, w_k, heads, diag=diag, rope=rope, rope_mode="exact")
+    exact = interaction_grad(g, h, w_q, w_k, heads, diag=diag, rope=rope, exact_rope=True)
     assert (exact - llama)[:, 1:].abs().max() > 1e-3  # position 0 has R_0 = I, so they agree there
     torch.testing.assert_close(exact[:, 0], llama[:, 0], atol=ATOL, rtol=0)
 
@@ -110,9 +111,10 @@ def test_shared_diag_equals_per_head_diagonals_set_equal():
     g, h, w_q, w_k, gen = _data(n, heads, seed=2)
     d = torch.randn(D, dtype=DT, generator=gen)
     rope = rope_cos_sin(n, DH, dtype=DT)
-    for mode in ("exact", "llama"):
-        shared = interaction_grad(g, h, w_q, w_k, heads, diag=d, rope=rope, rope_mode=mode)
-        per_head = interaction_grad(g, h, w_q, w_k, heads, diag=d.expand(heads, D).clone(), rope=rope, rope_mode=mode)
+    for exact in (True, False):
+        shared = interaction_grad(g, h, w_q, w_k, heads, diag=d, rope=rope, exact_rope=exact)
+        per_head = interaction_grad(g, h, w_q, w_k, heads, diag=d.expand(heads, D).clone(), rope=rope,
+                                    exact_rope=exact)
         torch.testing.assert_close(shared, per_head, atol=ATOL, rtol=0)
     torch.testing.assert_close(interaction_energy(g, h, w_q, w_k, heads, diag=d),
                                interaction_energy(g, h, w_q, w_k, heads, diag=d.expand(heads, D)), atol=ATOL, rtol=0)
@@ -161,15 +163,15 @@ def test_precomputed_context_is_reused():
     n, heads = 7, 4
     g, h, w_q, w_k, gen = _data(n, heads, seed=7)
     rope = rope_cos_sin(n, DH, dtype=DT)
-    ctx = interaction_context(h, w_k, heads, rope=rope, rope_mode="exact")
+    ctx = interaction_context(h, w_k, heads, rope=rope, exact_rope=True)
     torch.testing.assert_close(interaction_grad(g, h, w_q, w_k, heads, rope=rope, context=ctx),
                                interaction_grad(g, h, w_q, w_k, heads, rope=rope), atol=ATOL, rtol=0)
 
 
 def test_interaction_bad_inputs_raise():
     g, h, w_q, w_k, _ = _data(5, 2)
-    with pytest.raises(ValueError, match="rope_mode"):
-        interaction_grad(g, h, w_q, w_k, 2, rope=rope_cos_sin(5, DH, dtype=DT), rope_mode="compat")
+    with pytest.raises(ValueError, match="rope"):
+        interaction_grad(g, h, w_q, w_k, 2, rope=rope_cos_sin(4, DH, dtype=DT))
     with pytest.raises(ValueError, match="diag"):
         interaction_grad(g, h, w_q, w_k, 2, diag=torch.zeros(3, D, dtype=DT))
     with pytest.raises(ValueError, match="w_q"):
@@ -236,6 +238,20 @@ def test_dilog_against_mpmath_and_identities():
 
 # ----------------------------------------------------------------------------- gated MLP
 
+TIES = {"gate": (gate_tie_context, gate_tie_energy, gate_tie_grad), "up": (up_tie_context, up_tie_energy, up_tie_grad)}
+
+
+def gated_mlp_context(h, w_gate, w_up, tie):
+    return TIES[tie][0](h, w_gate, w_up)
+
+
+def gated_mlp_energy(g, h, w_gate, w_up, tie):
+    return TIES[tie][1](g, h, w_gate, w_up)
+
+
+def gated_mlp_grad(g, h, w_gate, w_up, tie="gate", context=None):
+    return TIES[tie][2](g, h, w_gate, w_up, context=context)
+
 @pytest.mark.parametrize("n", [1, 7, 33])
 @pytest.mark.parametrize("tie", ["gate", "up"])
 def test_gated_mlp_grad_matches_autograd(n, tie):
@@ -274,8 +290,8 @@ def test_gated_mlp_variants_differ_off_the_first_step():
 
 def test_gated_mlp_bad_inputs_raise():
     g = torch.randn(2, 5, D, dtype=DT)
-    with pytest.raises(ValueError, match="mlp_tie"):
-        gated_mlp_grad(g, g, torch.randn(8, D, dtype=DT), torch.randn(8, D, dtype=DT), "down")
+    with pytest.raises(ValueError, match="h_ctx"):
+        gated_mlp_grad(g, g[:, :3], torch.randn(8, D, dtype=DT), torch.randn(8, D, dtype=DT), "up")
     with pytest.raises(ValueError, match="w_gate"):
         gated_mlp_grad(g, g, torch.randn(8, D, dtype=DT), torch.randn(9, D, dtype=DT))
 

@@ -11,10 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from energyformer.energies.cem import (gated_mlp_energy, gated_mlp_grad, interaction_energy, interaction_grad)
+from energyformer.energies.cem import interaction_energy, interaction_grad
 from energyformer.energies.heads import apply_rope, rope_cos_sin
 from energyformer.layers.cem import CEMAttention, CEMBlock, CEMGatedMLP
-from energyformer.layers.step_maps import Preconditioner
+from energyformer.layers.cem_options import MLP_TIES
+from energyformer.layers.step_maps import preconditioner
 from energyformer.layers.trace import tracing
 
 DT = torch.float64
@@ -60,7 +61,7 @@ def _attn_autograd_update(layer, x):
     e = interaction_energy(g, h_hat, w_q, w_k, H, diag=diag, rope=rope, tau=math.sqrt(DH))
     (grad,) = torch.autograd.grad(e.sum(), g)
     with torch.no_grad():
-        return x - layer.eta(0) * grad @ _precond_matrix(layer).t()
+        return x - layer.step_size_at(0) * grad @ _precond_matrix(layer).t()
 
 
 # ----------------------------------------------------------------------------- one-step equivalences
@@ -137,10 +138,10 @@ def test_mlp_update_matches_autograd(tie, precond):
     with torch.no_grad():
         h_hat = layer.norm(x)
     g = h_hat.clone().requires_grad_(True)
-    e = gated_mlp_energy(g, h_hat, layer.gate_proj.weight.detach(), layer.up_proj.weight.detach(), tie)
+    e = MLP_TIES.get(tie).energy(g, h_hat, layer.gate_proj.weight.detach(), layer.up_proj.weight.detach())
     (grad,) = torch.autograd.grad(e.sum(), g)
     with torch.no_grad():
-        torch.testing.assert_close(layer(x), x - layer.eta(0) * grad @ _precond_matrix(layer).t(), atol=ATOL, rtol=0)
+        torch.testing.assert_close(layer(x), x - layer.step_size_at(0) * grad @ _precond_matrix(layer).t(), atol=ATOL, rtol=0)
 
 
 def test_grad_through_norm_is_the_true_x_gradient():
@@ -156,7 +157,7 @@ def test_grad_through_norm_is_the_true_x_gradient():
         xr = xt.clone().requires_grad_(True)
         e = interaction_energy(layer.norm(xr), h_hat, w["w_q"], w["w_k"], H, diag=layer.diag.detach(), rope=rope)
         (grad,) = torch.autograd.grad(e.sum(), xr)
-        xt = (xt - layer.eta(t) * grad).detach()
+        xt = (xt - layer.step_size_at(t) * grad).detach()
     with torch.no_grad():
         torch.testing.assert_close(layer(x), xt, atol=ATOL, rtol=0)
 
@@ -197,8 +198,9 @@ def test_mlp_recursion_is_repeated_one_step_map_with_fixed_gate(tie):
         h_hat = layer.norm(x)
         xt = x
         for t in range(3):
-            xt = xt - layer.step_size * gated_mlp_grad(layer.norm(xt), h_hat, layer.gate_proj.weight,
-                                                       layer.up_proj.weight, tie)
+            w_gate, w_up = layer.gate_proj.weight, layer.up_proj.weight
+            ctx = MLP_TIES.get(tie).context(h_hat, w_gate, w_up)
+            xt = xt - layer.step_size * MLP_TIES.get(tie).grad(layer.norm(xt), h_hat, w_gate, w_up, ctx)
         torch.testing.assert_close(layer(x), xt, atol=ATOL, rtol=0)
 
 
@@ -294,7 +296,7 @@ def test_raw_attention_energy_decreases_every_step_with_psd_preconditioner(inter
 
 def test_indefinite_preconditioner_exists_for_random_factors():
     """docs/cem.md §5/docs/testing.md §6: diag(softplus p) + UVᵀ + VUᵀ is symmetric but not PSD in general."""
-    p = Preconditioner(D, "diag_lowrank", rank=4)
+    p = preconditioner(D, "diag_lowrank", rank=4)
     with torch.no_grad():
         p.u.normal_(generator=torch.Generator().manual_seed(0))
         p.v.normal_(generator=torch.Generator().manual_seed(1))
@@ -307,11 +309,11 @@ def test_indefinite_preconditioner_exists_for_random_factors():
 
 @pytest.mark.parametrize("kind", ["diag", "diag_lowrank", "diag_lowrank_psd"])
 def test_preconditioner_identity_at_init_symmetric_and_matrix_free(kind):
-    p = Preconditioner(D, kind, rank=4)
+    p = preconditioner(D, kind, rank=4)
     torch.testing.assert_close(p.matrix(), torch.eye(D), atol=1e-6, rtol=0)
     v = torch.randn(3, 5, D)
     torch.testing.assert_close(p(v), v, atol=1e-6, rtol=0)
-    torch.testing.assert_close(Preconditioner(D, kind, rank=4, init_scale=0.25).matrix(), 0.25 * torch.eye(D),
+    torch.testing.assert_close(preconditioner(D, kind, rank=4, init_scale=0.25).matrix(), 0.25 * torch.eye(D),
                                atol=1e-6, rtol=0)  # the layers pass s = 1/T
     _perturb(p, scale=0.5).double()
     m = p.matrix()
@@ -324,7 +326,7 @@ def test_preconditioner_identity_at_init_symmetric_and_matrix_free(kind):
 
 @pytest.mark.parametrize("kind", ["diag", "diag_lowrank", "diag_lowrank_psd"])
 def test_preconditioner_is_trainable_at_init(kind):
-    p = Preconditioner(D, kind, rank=4)
+    p = preconditioner(D, kind, rank=4)
     v, w = torch.randn(5, D), torch.randn(5, D)
     (p(v) * w).sum().backward()
     assert p.p.grad.abs().max() > 0
@@ -336,15 +338,15 @@ def test_preconditioner_is_trainable_at_init(kind):
 
 def test_preconditioner_bad_options_raise():
     with pytest.raises(ValueError, match="preconditioner='lowrank'"):
-        Preconditioner(D, "lowrank")
+        preconditioner(D, "lowrank")
     with pytest.raises(ValueError, match="preconditioner_rank=0"):
-        Preconditioner(D, "diag_lowrank", rank=0)
+        preconditioner(D, "diag_lowrank", rank=0)
     with pytest.raises(ValueError, match="preconditioner_rank=20"):
-        Preconditioner(D, "diag_lowrank_psd", rank=20)
+        preconditioner(D, "diag_lowrank_psd", rank=20)
     for kind in ("diag_lowrank", "diag_lowrank_psd"):
         with pytest.raises(ValueError, match=f"preconditioner_rank={D} must be < d_model={D}"):
-            Preconditioner(D, kind, rank=D)
-    Preconditioner(D, "diag", rank=D)  # rank is unused by the diagonal form
+            preconditioner(D, kind, rank=D)
+    preconditioner(D, "diag", rank=D)  # rank is unused by the diagonal form
 
 
 # ----------------------------------------------------------------------------- causality of every state
@@ -428,3 +430,18 @@ def test_head_dim_given_need_not_divide_and_bad_inputs_raise():
         CEMGatedMLP(D, 24, n_steps=0)
     with pytest.raises(ValueError, match="step_size=-1"):
         CEMGatedMLP(D, 24, step_size=-1.0)
+
+
+def test_old_names_warn_and_agree_with_the_new_ones():
+    """`Preconditioner(...)` (a factory named like a class) and a CEM sub-block's `.eta(t)` are the
+    deprecated names of `preconditioner(...)` and `.step_size_at(t)` (NRGPT's `.eta` is its step map)."""
+    from energyformer.layers.step_maps import Preconditioner
+
+    with pytest.warns(FutureWarning, match="preconditioner"):
+        old = Preconditioner(D, "diag", init_scale=0.5)
+    torch.testing.assert_close(old.matrix(), preconditioner(D, "diag", init_scale=0.5).matrix())
+    layer = CEMAttention(D, H, n_steps=2, per_step_scale=True)
+    with torch.no_grad():
+        layer.step_scales.copy_(torch.tensor([1.0, 3.0]))
+    with pytest.warns(FutureWarning, match="step_size_at"), torch.no_grad():
+        assert float(layer.eta(1)) == float(layer.step_size_at(1)) == 3.0 * float(layer.step_size)

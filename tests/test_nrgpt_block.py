@@ -49,9 +49,9 @@ def autograd_step(blk, x, scale=None):
     g = blk.normalize(x).detach()
     gq = g.clone().requires_grad_(True)
     if blk.attention.name == "full":
-        e_attn = E.attention_energy(gq, blk.attention.J, blk.alpha, blk.beta, blk.mask, context=g)
+        e_attn = E.attention_energy(gq, blk.attention.J, blk.alpha, blk.beta, blk.attention.strict, context=g)
     else:
-        e_attn = E.attention_energy_factored(gq, *blk.attention._qk(), blk.alpha, blk.beta, blk.mask, context=g)
+        e_attn = E.attention_energy_factored(gq, *blk.attention._qk(), blk.alpha, blk.beta, blk.attention.strict, context=g)
     energy = {"ff1": E.ff1_energy, "ff2w": E.ff2w_energy, "ff2": E.ff2_energy}[blk.ff.name]
     e_ff = energy(gq, *blk.ff.weights())
     (ga,) = torch.autograd.grad(e_attn.sum(), gq)
@@ -140,7 +140,7 @@ def test_energy_terms_shapes_and_scale():
     assert set(e) == {"attn", "ff"} and e["attn"].shape == (3, 5) and e["ff"].shape == (3, 5)
     g = blk.normalize(x)
     torch.testing.assert_close(e["ff"], blk.ff_scale * E.ff2w_energy(g, *blk.ff.weights()))
-    torch.testing.assert_close(e["attn"], E.attention_energy(g, blk.attention.J, blk.alpha, blk.beta, "strict"))
+    torch.testing.assert_close(e["attn"], E.attention_energy(g, blk.attention.J, blk.alpha, blk.beta, True))
     assert torch.equal(e["attn"][:, 0], torch.zeros(3, dtype=torch.float64))  # strict: token 0 has no context
 
 

@@ -100,7 +100,7 @@ def normalize(p, x):
 
 def step(p, x):
     g = normalize(p, x)
-    force = E.attention_grad_naive(g, p["J"], p["alpha"], 1.0, "strict") + p["s"] * E.ff2w_grad(
+    force = E.attention_grad_reference(g, p["J"], p["alpha"], 1.0, True) + p["s"] * E.ff2w_grad(
         g, p["W1"], p["b1"], p["W2"], p["b2"])
     return x - force @ p["eta"].T
 
@@ -108,7 +108,7 @@ def step(p, x):
 def energy(p, x, x_context):
     """Total per-token energy at ``x``; the attention keys come from ``x_context``."""
     g, ctx = normalize(p, x), normalize(p, x_context)
-    return (E.attention_energy(g, p["J"], p["alpha"], 1.0, "strict", context=ctx)
+    return (E.attention_energy(g, p["J"], p["alpha"], 1.0, True, context=ctx)
             + p["s"] * E.ff2w_energy(g, p["W1"], p["b1"], p["W2"], p["b2"]))
 
 

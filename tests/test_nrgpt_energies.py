@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from energyformer.energies import nrgpt as E
+from energyformer.energies.heads import causal_mask
 
 D = 8
 ATOL = 1e-10
@@ -27,16 +28,16 @@ def _attn_params(kind, H, seed=0, d=D):
 
 def _energy(kind, g, w, alpha, beta, mask, context=None):
     if kind == "full":
-        return E.attention_energy(g, w["J"], alpha, beta, mask, context=context)
-    return E.attention_energy_factored(g, w["q_weight"], w["k_weight"], alpha, beta, mask, context=context)
+        return E.attention_energy(g, w["J"], alpha, beta, mask == "strict", context=context)
+    return E.attention_energy_factored(g, w["q_weight"], w["k_weight"], alpha, beta, mask == "strict", context=context)
 
 
 def _grads(kind, g, w, alpha, beta, mask):
     if kind == "full":
-        return (E.attention_grad(g, w["J"], alpha, beta, mask),
-                E.attention_grad_naive(g, w["J"], alpha, beta, mask))
-    return (E.attention_grad_factored(g, w["q_weight"], w["k_weight"], alpha, beta, mask),
-            E.attention_grad_factored_naive(g, w["q_weight"], w["k_weight"], alpha, beta, mask))
+        return (E.attention_grad(g, w["J"], alpha, beta, mask == "strict"),
+                E.attention_grad_reference(g, w["J"], alpha, beta, mask == "strict"))
+    return (E.attention_grad_factored(g, w["q_weight"], w["k_weight"], alpha, beta, mask == "strict"),
+            E.attention_grad_factored_reference(g, w["q_weight"], w["k_weight"], alpha, beta, mask == "strict"))
 
 
 def _autograd_partial(kind, g, w, alpha, beta, mask):
@@ -57,9 +58,9 @@ def test_attention_grad_matches_autograd(kind, mask, H, N):
     w, alpha = _attn_params(kind, H, seed=N * H)
     beta = 0.7
     ref, e = _autograd_partial(kind, g, w, alpha, beta, mask)
-    fast, naive = _grads(kind, g, w, alpha, beta, mask)
+    fast, reference = _grads(kind, g, w, alpha, beta, mask)
     assert e.shape == (2, N) and fast.shape == (2, N, D)
-    torch.testing.assert_close(naive, ref, atol=ATOL, rtol=0)
+    torch.testing.assert_close(reference, ref, atol=ATOL, rtol=0)
     torch.testing.assert_close(fast, ref, atol=ATOL, rtol=0)
     assert ref.abs().max() > 1e-3 or (mask == "strict" and N == 1)  # the check is not vacuous
 
@@ -89,16 +90,16 @@ def test_inclusive_force_omits_exactly_the_self_key_term(H):
     g = torch.randn(2, N, D, dtype=torch.float64)
     w, alpha = _attn_params("full", H, seed=2)
     J, beta = w["J"], 0.9
-    force = E.attention_grad(g, J, alpha, beta, "inclusive")
+    force = E.attention_grad(g, J, alpha, beta, False)
     # s[b, h, A, B] = g_Bᵀ J_h g_A
     scores = beta * torch.einsum("bkd,hde,bae->bhak", g, J, g)
-    p = scores.masked_fill(~E.causal_mask(N, "inclusive"), float("-inf")).softmax(-1)
+    p = scores.masked_fill(~causal_mask(N, N), float("-inf")).softmax(-1)
     p_self = torch.diagonal(p, dim1=-2, dim2=-1)  # (B, H, N)
     self_term = torch.einsum("h,bha,hde,bae->bad", alpha, p_self, J, g)  # α_h p_AA J_h g_A
     for A in range(N):
         gA = g[:, A].clone().requires_grad_(True)
         gg = torch.cat([g[:, :A], gA[:, None], g[:, A + 1:]], dim=1)
-        (full,) = torch.autograd.grad(E.attention_energy(gg, J, alpha, beta, "inclusive")[:, A].sum(), gA)
+        (full,) = torch.autograd.grad(E.attention_energy(gg, J, alpha, beta, False)[:, A].sum(), gA)
         torch.testing.assert_close(full, force[:, A] - self_term[:, A], atol=ATOL, rtol=0)
     assert self_term.abs().max() > 1e-3
 
@@ -111,9 +112,9 @@ def test_factored_equals_full_with_J_from_factors(mask, H):
     w, alpha = _attn_params("factored", H, seed=4)
     J = w["k_weight"].transpose(1, 2) @ w["q_weight"]  # J_h = W^Kᵀ W^Q
     torch.testing.assert_close(_energy("factored", g, w, alpha, 0.5, mask),
-                               E.attention_energy(g, J, alpha, 0.5, mask), atol=ATOL, rtol=0)
+                               E.attention_energy(g, J, alpha, 0.5, mask == "strict"), atol=ATOL, rtol=0)
     torch.testing.assert_close(_grads("factored", g, w, alpha, 0.5, mask)[0],
-                               E.attention_grad(g, J, alpha, 0.5, mask), atol=ATOL, rtol=0)
+                               E.attention_grad(g, J, alpha, 0.5, mask == "strict"), atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("kind", ["full", "factored"])
@@ -121,11 +122,11 @@ def test_strict_first_token_zero_energy_zero_force_finite_backward(kind):
     g = torch.randn(2, 5, D, dtype=torch.float64, requires_grad=True)
     w, alpha = _attn_params(kind, 4)
     e = _energy(kind, g, w, alpha, 1.0, "strict")
-    fast, naive = _grads(kind, g, w, alpha, 1.0, "strict")
+    fast, reference = _grads(kind, g, w, alpha, 1.0, "strict")
     assert torch.equal(e[:, 0], torch.zeros(2, dtype=torch.float64))
     assert torch.equal(fast[:, 0], torch.zeros(2, D, dtype=torch.float64))
-    assert torch.equal(naive[:, 0], torch.zeros(2, D, dtype=torch.float64))
-    (ge,) = torch.autograd.grad(e.sum() + fast.sum() + naive.sum(), g)
+    assert torch.equal(reference[:, 0], torch.zeros(2, D, dtype=torch.float64))
+    (ge,) = torch.autograd.grad(e.sum() + fast.sum() + reference.sum(), g)
     assert torch.isfinite(ge).all()
     # length-1 sequence: everything exactly zero
     g1 = g[:, :1].detach()
@@ -155,7 +156,7 @@ def test_attention_energy_value_against_plain_loop():
     w, alpha = _attn_params("full", H)
     J, beta = w["J"], 0.8
     for mask in ("strict", "inclusive"):
-        e = E.attention_energy(g, J, alpha, beta, mask)
+        e = E.attention_energy(g, J, alpha, beta, mask == "strict")
         for A in range(N):
             ctx = range(A) if mask == "strict" else range(A + 1)
             ref = 0.0
@@ -170,9 +171,9 @@ def test_attention_dropout_only_changes_forces_when_p_positive():
     torch.manual_seed(0)
     g = torch.randn(2, 6, D, dtype=torch.float64)
     w, alpha = _attn_params("full", 2)
-    base = E.attention_grad(g, w["J"], alpha, 1.0, "strict")
-    torch.testing.assert_close(E.attention_grad(g, w["J"], alpha, 1.0, "strict", dropout_p=0.0), base)
-    assert not torch.allclose(E.attention_grad(g, w["J"], alpha, 1.0, "strict", dropout_p=0.5), base)
+    base = E.attention_grad(g, w["J"], alpha, 1.0, True)
+    torch.testing.assert_close(E.attention_grad(g, w["J"], alpha, 1.0, True, dropout_p=0.0), base)
+    assert not torch.allclose(E.attention_grad(g, w["J"], alpha, 1.0, True, dropout_p=0.5), base)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -212,15 +213,15 @@ def test_ff_grad_matches_autograd(kind, N):
 @pytest.mark.parametrize("kind", ["ff1", "ff2w"])
 @pytest.mark.parametrize("N", [1, 7, 33])
 @pytest.mark.parametrize("bias", [True, False])
-def test_fused_ff_grad_equals_naive_forward_and_backward(kind, N, bias):
+def test_fused_ff_grad_equals_reference_forward_and_backward(kind, N, bias):
     """The fused autograd.Function fast paths == the plain formulas, values and all gradients."""
     fast = {"ff1": E.ff1_grad, "ff2w": E.ff2w_grad}[kind]
-    naive = {"ff1": E.ff1_grad_naive, "ff2w": E.ff2w_grad_naive}[kind]
+    reference = {"ff1": E.ff1_grad_reference, "ff2w": E.ff2w_grad_reference}[kind]
     w = [p if (bias or i % 2 == 0) else None for i, p in enumerate(_ff_params(kind, seed=N))]
     g = torch.randn(2, N, D, dtype=torch.float64)
     cot = torch.randn(2, N, D, dtype=torch.float64)
     outs = []
-    for fn in (fast, naive):
+    for fn in (fast, reference):
         leaves = [g.clone().requires_grad_(True)] + [None if p is None else p.clone().requires_grad_(True) for p in w]
         out = fn(*leaves)
         grads = torch.autograd.grad((out * cot).sum(), [t for t in leaves if t is not None])
@@ -245,7 +246,7 @@ def test_fused_gelu_parts_avoid_subnormals_and_stay_exact():
     torch.set_flush_denormal(False)  # process-wide; another test may have left it on
     for t in E._gelu_parts(z64.float()):
         assert not ((t != 0) & (t.abs() < tiny)).any()  # no float32 subnormals
-    assert ((E.gelu_prime(z64.float()).abs() < tiny) & (E.gelu_prime(z64.float()) != 0)).any()  # the naive one has them
+    assert ((E.gelu_prime(z64.float()).abs() < tiny) & (E.gelu_prime(z64.float()) != 0)).any()  # the reference one has them
 
 
 def test_ff_energy_values_plain():
@@ -267,10 +268,10 @@ def test_gelu_prime_matches_autograd():
 def test_bad_mask_and_shapes_raise():
     g = torch.randn(1, 3, D, dtype=torch.float64)
     w, alpha = _attn_params("full", 2)
-    with pytest.raises(ValueError, match="mask"):
+    with pytest.raises(ValueError, match="strict='causal' must be a bool"):
         E.attention_energy(g, w["J"], alpha, 1.0, "causal")
-    with pytest.raises(ValueError, match="mask"):
-        E.attention_grad(g, w["J"], alpha, 1.0, "bidirectional")
+    with pytest.raises(ValueError, match="strict='inclusive' must be a bool"):  # the old string argument
+        E.attention_grad(g, w["J"], alpha, 1.0, "inclusive")
     with pytest.raises(ValueError, match="alpha"):
         E.attention_grad(g, w["J"], torch.ones(3, dtype=torch.float64), 1.0)
     with pytest.raises(ValueError, match="context"):

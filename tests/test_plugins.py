@@ -3,6 +3,8 @@ each defined in a few lines below, train end to end through the CLI with no othe
 
 The two snippets are the examples of docs/architecture.md ("Adding an option").
 """
+import sys
+
 import pytest
 import torch
 import torch.nn as nn
@@ -82,3 +84,64 @@ def test_unregistered_name_is_a_one_line_cli_error(tmp_path, capsys):
     rc = main(["train", str(_recipe(tmp_path, {"arch": "cem", "interaction": "warm_diag"}))])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.count("\n") == 0 and "interaction='warm_diag'" in err and "lowrank" in err
+
+
+# --- loading plugins: entry points, imports: of a run config ---------------------------------------
+def _toy_module(tmp_path, name, body):
+    (tmp_path / f"{name}.py").write_text(body)
+    return name
+
+
+@pytest.fixture
+def plugin_path(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    INTERACTIONS.unregister("warm_diag_plugin")
+    for m in ("toy_plugin_ok", "toy_plugin_ep", "toy_plugin_bad"):
+        sys.modules.pop(m, None)
+
+
+_TOY = ("from energyformer.layers.cem_options import INTERACTIONS, DiagSharedInteraction\n"
+        "INTERACTIONS.register('warm_diag_plugin')(type('W', (DiagSharedInteraction,), {}))\n")
+
+
+def test_imports_of_a_config_are_loaded_before_the_model_and_recorded(plugin_path, tmp_path):
+    from energyformer.runs.config import load_config
+
+    mod = _toy_module(plugin_path, "toy_plugin_ok", _TOY)
+    cfg = load_config({"imports": [mod], "model": {"arch": "cem", "vocab_size": 11, "interaction": "warm_diag_plugin"}})
+    assert cfg.imports == [mod] and cfg.to_dict()["imports"] == [mod]
+    assert "imports" not in load_config({"model": {"arch": "cem", "vocab_size": 11}}).to_dict()
+    extra = load_config({"model": {"arch": "cem", "vocab_size": 11}}, imports=[mod, mod])
+    assert extra.imports == [mod]
+
+
+def test_a_plugin_that_fails_is_one_line_naming_it(plugin_path):
+    from energyformer.utils.plugins import PluginError, load_plugins
+
+    _toy_module(plugin_path, "toy_plugin_bad", "raise RuntimeError('boom\\nsecond line')\n")
+    for name in ("toy_plugin_bad", "no_such_plugin_module"):
+        with pytest.raises(PluginError, match=name) as err:
+            load_plugins([name])
+        assert "\n" not in str(err.value) and isinstance(err.value, ValueError)
+    with pytest.raises(ValueError, match="list of module names"):
+        load_plugins("toy_plugin_bad")
+
+
+def test_entry_point_group_is_loaded_once(plugin_path, monkeypatch):
+    import importlib.metadata
+
+    from energyformer.utils import plugins
+
+    _toy_module(plugin_path, "toy_plugin_ep", _TOY)
+    calls = []
+
+    def fake_entry_points(group):
+        calls.append(group)
+        return [importlib.metadata.EntryPoint("toy", "toy_plugin_ep", group)]
+
+    monkeypatch.setattr(plugins.importlib.metadata, "entry_points", fake_entry_points)
+    monkeypatch.setattr(plugins, "_entry_points_loaded", False)
+    plugins.load_plugins()
+    plugins.load_plugins()
+    assert calls == ["energyformer.plugins"] and "warm_diag_plugin" in INTERACTIONS

@@ -73,7 +73,7 @@ def _check_cem_sub(sub):
         torch.testing.assert_close(analytic, auto, atol=ATOL, rtol=0)
     with torch.no_grad():
         p = torch.eye(D, dtype=x.dtype) if sub.preconditioner is None else sub.preconditioner.matrix()
-        expected = x - sub.eta(0) * analytic @ p.t()
+        expected = x - sub.step_size_at(0) * analytic @ p.t()
         torch.testing.assert_close(sub._descend(x, analytic, 0), expected, atol=ATOL, rtol=0)
 
 
@@ -177,3 +177,93 @@ def test_unknown_entries_name_the_option_and_the_choices():
         with pytest.raises(ValueError, match=match) as err:
             build_model({**TINY, **cfg})
         assert "expected one of" in str(err.value)
+
+
+# ----------------------------------------------------------------------------- gradcheck w.r.t. every parameter
+# Forward values and energies can be right while a parameter's gradient is wrong (a `.detach()` of
+# γ inside η = c·diag(γ) changes nothing else): every entry's sub-block output (its descent steps)
+# and energy are gradchecked in float64 w.r.t. every parameter, at tiny shapes.
+GD, GH, GN = 4, 2, 3
+
+
+class _Probe(torch.nn.Module):
+    """``forward(x, h) = fn(sub, x, h)``, so that ``functional_call`` can swap the sub-block's parameters."""
+
+    def __init__(self, sub, fn):
+        super().__init__()
+        self.sub, self.fn = sub, fn
+
+    def forward(self, x, h):
+        return self.fn(self.sub, x, h)
+
+
+def _gradcheck_every_parameter(sub, fn):
+    sub = _perturb(sub.double())
+    names = [n for n, _ in sub.named_parameters()]
+    params = tuple(p.detach().clone().requires_grad_(True) for _, p in sub.named_parameters())
+    assert params, "an entry without parameters has nothing to check"
+    x = torch.randn(2, GN, GD, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    h = torch.randn(2, GN, GD, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    probe = _Probe(sub, fn)
+
+    def call(*ps):
+        return torch.func.functional_call(probe, {f"sub.{n}": p for n, p in zip(names, ps)}, (x, h))
+
+    assert torch.autograd.gradcheck(call, params, eps=1e-6, atol=1e-6, rtol=1e-4)
+
+
+def _cem_out_and_energy(sub, x, h):
+    out = sub(x)
+    e = sub._energy_or_none(sub._normalize(x), sub._normalize(h))
+    return out if e is None else (out, e)
+
+
+def _nrgpt_out_and_energy(blk, x, h):
+    e = blk.energy(x)
+    return blk(x), e["attn"], e["ff"]
+
+
+@pytest.mark.parametrize("name", INTERACTIONS.names())
+@pytest.mark.parametrize("rope", ["exact", "llama", None])
+def test_gradcheck_every_interaction_parameter(name, rope):
+    if rope is not None and not INTERACTIONS.get(name).has_lowrank:
+        pytest.skip("no low-rank term to rotate")
+    from energyformer.layers.cem import CEMAttention
+
+    sub = CEMAttention(GD, GH, n_steps=2, interaction=name, rope=rope, per_step_scale=True)
+    _gradcheck_every_parameter(sub, _cem_out_and_energy)
+
+
+@pytest.mark.parametrize("name", MLP_TIES.names())
+def test_gradcheck_every_mlp_tie_parameter(name):
+    from energyformer.layers.cem import CEMGatedMLP
+
+    _gradcheck_every_parameter(CEMGatedMLP(GD, 6, n_steps=2, mlp_tie=name), _cem_out_and_energy)
+
+
+@pytest.mark.parametrize("name", STEP_MAPS.names())
+def test_gradcheck_every_step_map_parameter(name):
+    from energyformer.layers.cem import CEMGatedMLP
+    from energyformer.layers.nrgpt import NRGPTBlock
+
+    _gradcheck_every_parameter(CEMGatedMLP(GD, 6, n_steps=2, preconditioner=name, preconditioner_rank=1),
+                               _cem_out_and_energy)
+    _gradcheck_every_parameter(NRGPTBlock(GD, GH, d_ff=6, eta_param=name, eta_rank=1, c_init=0.3),
+                               _nrgpt_out_and_energy)
+
+
+@pytest.mark.parametrize("attention", NRGPT_ATTENTIONS.names())
+@pytest.mark.parametrize("ff", FF_ENERGIES.names())
+def test_gradcheck_every_nrgpt_attention_and_ff_parameter(attention, ff):
+    from energyformer.layers.nrgpt import NRGPTBlock
+
+    blk = NRGPTBlock(GD, GH, attention=attention, ff=ff, d_ff=6, mask="inclusive")
+    _gradcheck_every_parameter(blk, _nrgpt_out_and_energy)
+
+
+@pytest.mark.parametrize("name", NORMS.names())
+def test_gradcheck_every_norm_parameter(name):
+    from energyformer.layers.nrgpt import NRGPTBlock
+
+    eta = "c_identity" if name == "none" else "c_diag_gamma"
+    _gradcheck_every_parameter(NRGPTBlock(GD, GH, d_ff=6, norm=name, eta_param=eta), _nrgpt_out_and_energy)

@@ -12,8 +12,9 @@ Attention energy (docs/nrgpt.md §2), per head ``h`` with ``J_h ∈ R^{d×d}``::
     E_A = −(1/β) Σ_h α_h log Σ_{B ∈ ctx(A)} exp(β g_Bᵀ J_h g_A)
     ∂E_A/∂g_A = −Σ_h α_h J_hᵀ Σ_B p^h_{AB} g_B,   p^h_{AB} = softmax_B(β g_Bᵀ J_h g_A)
 
-``mask="strict"``: ``ctx(A) = {B < A}``; the first token has no context, so its attention
-energy and force are 0 (not −∞ / NaN). ``mask="inclusive"``: ``ctx(A) = {B ≤ A}``; the key slot
+``strict=True`` (the model option ``mask="strict"``): ``ctx(A) = {B < A}``; the first token has no
+context, so its attention energy and force are 0 (not −∞ / NaN). ``strict=False`` (``mask="inclusive"``):
+``ctx(A) = {B ≤ A}``; the key slot
 ``B = A`` is treated as a constant (the reference code's behaviour, docs/nrgpt.md §2 item 3), i.e. the
 gradient is taken w.r.t. the *query* occurrence of ``g_A`` only. The optional ``context``
 argument makes that explicit: the energy is evaluated with queries from ``g`` and keys from
@@ -29,7 +30,7 @@ Two parameterizations of ``J_h``:
 
 The attention ``*_grad`` functions are the fast path (``scaled_dot_product_attention``) and the
 FF1/FF2W ``*_grad`` functions fused ``autograd.Function``s with hand-written backwards; each
-``*_grad_naive`` function is the plain reference (explicit masked softmax / the formula under
+``*_grad_reference`` function is the plain reference (explicit masked softmax / the formula under
 ordinary autograd) held equal to it, and to ``torch.autograd`` on the energy, in the tests.
 
 Feed-forward energies (docs/nrgpt.md §3; σ = exact-erf GELU, biases as in the reference code)::
@@ -47,39 +48,29 @@ import math
 import torch
 import torch.nn.functional as F
 
-from energyformer._validate import check_choice
-from energyformer.energies.heads import causal_mask as causal_mask_offset
-
-MASKS = ("strict", "inclusive")
+from energyformer.energies.heads import causal_mask
 
 _INV_SQRT_2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
 # --------------------------------------------------------------------------------------------
-# masks
+# masks (the boolean mask itself is energyformer.energies.heads.causal_mask, strict = B < A)
 # --------------------------------------------------------------------------------------------
-def causal_mask(n: int, mask: str = "strict", device: torch.device | None = None) -> torch.Tensor:
-    """Boolean ``(N, N)`` matrix ``allowed[A, B]``: may query ``A`` attend to key ``B``.
-
-    ``"strict"``: ``B < A`` (row 0 is empty). ``"inclusive"``: ``B ≤ A``.
-
-    Raises:
-        ValueError: ``mask`` not in ``("strict", "inclusive")``.
-    """
-    check_choice("mask", mask, MASKS)
-    diagonal = -1 if mask == "strict" else 0
-    return torch.ones(n, n, dtype=torch.bool, device=device).tril(diagonal)
+def _check_strict(strict: object) -> None:
+    if not isinstance(strict, bool):
+        raise ValueError(f"strict={strict!r} must be a bool: True for the mask B < A (mask='strict'), "
+                         "False for B ≤ A (mask='inclusive')")
 
 
-def _safe_mask(n: int, mask: str, device) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _safe_mask(n: int, strict: bool, device) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Mask with every row non-empty (row 0 of the strict mask gets its diagonal) + the empty rows.
 
     The filled-in entries only keep softmax / log-sum-exp finite; their results are discarded
     (set to exactly 0) by the callers, so no information flows through them.
     """
-    allowed = causal_mask(n, mask, device)
-    if mask == "strict":
+    allowed = causal_mask(n, n, device, strict=strict)
+    if strict:
         empty = torch.zeros(n, dtype=torch.bool, device=device)
         empty[0] = True
         allowed = allowed.clone()
@@ -100,10 +91,10 @@ def _check_shapes(g: torch.Tensor, context: torch.Tensor | None, alpha: torch.Te
     return context
 
 
-def _lse_energy(scores: torch.Tensor, alpha: torch.Tensor, beta: float, mask: str) -> torch.Tensor:
+def _lse_energy(scores: torch.Tensor, alpha: torch.Tensor, beta: float, strict: bool) -> torch.Tensor:
     """``scores (B, H, N, N)`` already multiplied by β → per-token energy ``(B, N)``."""
     n = scores.shape[-1]
-    allowed, empty = _safe_mask(n, mask, scores.device)
+    allowed, empty = _safe_mask(n, strict, scores.device)
     lse = scores.masked_fill(~allowed, float("-inf")).logsumexp(dim=-1)  # (B, H, N)
     if empty is not None:
         lse = lse.masked_fill(empty, 0.0)
@@ -119,7 +110,7 @@ def _full_keys(context: torch.Tensor, J: torch.Tensor) -> torch.Tensor:
 
 
 def attention_energy(g: torch.Tensor, J: torch.Tensor, alpha: torch.Tensor, beta: float,
-                     mask: str = "strict", context: torch.Tensor | None = None) -> torch.Tensor:
+                     strict: bool = True, context: torch.Tensor | None = None) -> torch.Tensor:
     """NRGPT attention energy with one full ``d×d`` matrix per head (docs/nrgpt.md §2).
 
     Args:
@@ -127,24 +118,24 @@ def attention_energy(g: torch.Tensor, J: torch.Tensor, alpha: torch.Tensor, beta
         J: ``(H, d, d)``; score ``s^h_{AB} = g_Bᵀ J_h g_A``.
         alpha: head weights ``(H,)``.
         beta: inverse temperature (> 0).
-        mask: ``"strict"`` (B < A) or ``"inclusive"`` (B ≤ A).
+        strict: the mask B < A (``True``, the paper) or B ≤ A (``False``, the reference code on LM tasks).
         context: states used as keys ``(B, N, d)``; default ``g``.
 
     Returns:
         ``(B, N)`` per-token energies; token 0 has energy 0 under the strict mask.
 
     Raises:
-        ValueError: bad ``mask`` or shapes.
+        ValueError: ``strict`` not a bool, or bad shapes.
     """
-    check_choice("mask", mask, MASKS)
+    _check_strict(strict)
     context = _check_shapes(g, context, alpha, J.shape[0])
     keys = _full_keys(context, J)                                   # (B, H, N, d)
     scores = beta * torch.einsum("bad,bhkd->bhak", g, keys)         # (B, H, N_query, N_key)
-    return _lse_energy(scores, alpha, beta, mask)
+    return _lse_energy(scores, alpha, beta, strict)
 
 
 def attention_grad(g: torch.Tensor, J: torch.Tensor, alpha: torch.Tensor, beta: float,
-                   mask: str = "strict", dropout_p: float = 0.0) -> torch.Tensor:
+                   strict: bool = True, dropout_p: float = 0.0) -> torch.Tensor:
     """Fast path (SDPA) for ``∂E_A/∂g_A`` of :func:`attention_energy`: ``(B, N, d)``.
 
     ``= −Σ_h α_h Σ_{B ∈ ctx(A)} p^h_{AB} J_hᵀ g_B`` (docs/nrgpt.md §2). Queries are ``g`` itself,
@@ -153,23 +144,23 @@ def attention_grad(g: torch.Tensor, J: torch.Tensor, alpha: torch.Tensor, beta: 
     the strict mask.
 
     Raises:
-        ValueError: bad ``mask`` or shapes.
+        ValueError: ``strict`` not a bool, or bad shapes.
     """
-    check_choice("mask", mask, MASKS)
+    _check_strict(strict)
     _check_shapes(g, None, alpha, J.shape[0])
     keys = _full_keys(g, J)                                         # (B, H, N, d)
     q = g.unsqueeze(1).expand_as(keys)
-    return _sdpa_force(q, keys, alpha, beta, mask, dropout_p, out_weight=None)
+    return _sdpa_force(q, keys, alpha, beta, strict, dropout_p, out_weight=None)
 
 
-def attention_grad_naive(g: torch.Tensor, J: torch.Tensor, alpha: torch.Tensor, beta: float,
-                         mask: str = "strict") -> torch.Tensor:
+def attention_grad_reference(g: torch.Tensor, J: torch.Tensor, alpha: torch.Tensor, beta: float,
+                         strict: bool = True) -> torch.Tensor:
     """Plain reference for :func:`attention_grad` (explicit masked softmax): ``(B, N, d)``."""
-    check_choice("mask", mask, MASKS)
+    _check_strict(strict)
     _check_shapes(g, None, alpha, J.shape[0])
     keys = _full_keys(g, J)
     scores = beta * torch.einsum("bad,bhkd->bhak", g, keys)
-    p = _masked_softmax(scores, mask)
+    p = _masked_softmax(scores, strict)
     return -torch.einsum("h,bhak,bhkd->bad", alpha.to(g.dtype), p, keys)
 
 
@@ -177,44 +168,44 @@ def attention_grad_naive(g: torch.Tensor, J: torch.Tensor, alpha: torch.Tensor, 
 # attention: factored J_h = W^Kᵀ W^Q (paper / Energy Transformer)
 # --------------------------------------------------------------------------------------------
 def attention_energy_factored(g: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
-                              alpha: torch.Tensor, beta: float, mask: str = "strict",
+                              alpha: torch.Tensor, beta: float, strict: bool = True,
                               context: torch.Tensor | None = None) -> torch.Tensor:
     """Attention energy with ``J_h = W^K_hᵀ W^Q_h`` (docs/nrgpt.md §2 paper form): ``(B, N)``.
 
     Args:
         g: ``(B, N, d)`` queries; ``context``: ``(B, N, d)`` keys (default ``g``).
         q_weight, k_weight: ``(H, d_h, d)``; score ``β (W^K_h g_B)·(W^Q_h g_A)``.
-        alpha: ``(H,)``; beta: inverse temperature; mask: ``"strict"`` | ``"inclusive"``.
+        alpha: ``(H,)``; beta: inverse temperature; strict: B < A (True) or B ≤ A (False).
 
     Equals :func:`attention_energy` with ``J = k_weightᵀ @ q_weight`` (tested).
     """
-    check_choice("mask", mask, MASKS)
+    _check_strict(strict)
     context = _check_shapes(g, context, alpha, q_weight.shape[0])
     q = torch.einsum("bnd,hed->bhne", g, q_weight.to(g.dtype))
     k = torch.einsum("bnd,hed->bhne", context, k_weight.to(g.dtype))
     scores = beta * (q @ k.transpose(-2, -1))
-    return _lse_energy(scores, alpha, beta, mask)
+    return _lse_energy(scores, alpha, beta, strict)
 
 
 def attention_grad_factored(g: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
-                            alpha: torch.Tensor, beta: float, mask: str = "strict",
+                            alpha: torch.Tensor, beta: float, strict: bool = True,
                             dropout_p: float = 0.0) -> torch.Tensor:
     """Fast path (SDPA) for the factored force ``−Σ_h α_h W^Q_hᵀ Σ_B p^h_{AB} W^K_h g_B``: ``(B, N, d)``."""
-    check_choice("mask", mask, MASKS)
+    _check_strict(strict)
     _check_shapes(g, None, alpha, q_weight.shape[0])
     q = torch.einsum("bnd,hed->bhne", g, q_weight.to(g.dtype))
     k = torch.einsum("bnd,hed->bhne", g, k_weight.to(g.dtype))
-    return _sdpa_force(q, k, alpha, beta, mask, dropout_p, out_weight=q_weight.to(g.dtype))
+    return _sdpa_force(q, k, alpha, beta, strict, dropout_p, out_weight=q_weight.to(g.dtype))
 
 
-def attention_grad_factored_naive(g: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
-                                  alpha: torch.Tensor, beta: float, mask: str = "strict") -> torch.Tensor:
+def attention_grad_factored_reference(g: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                                  alpha: torch.Tensor, beta: float, strict: bool = True) -> torch.Tensor:
     """Plain reference for :func:`attention_grad_factored`: ``(B, N, d)``."""
-    check_choice("mask", mask, MASKS)
+    _check_strict(strict)
     _check_shapes(g, None, alpha, q_weight.shape[0])
     q = torch.einsum("bnd,hed->bhne", g, q_weight.to(g.dtype))
     k = torch.einsum("bnd,hed->bhne", g, k_weight.to(g.dtype))
-    p = _masked_softmax(beta * (q @ k.transpose(-2, -1)), mask)
+    p = _masked_softmax(beta * (q @ k.transpose(-2, -1)), strict)
     ctx = p @ k                                                     # (B, H, N, d_h)
     return -torch.einsum("h,bhne,hed->bnd", alpha.to(g.dtype), ctx, q_weight.to(g.dtype))
 
@@ -222,23 +213,23 @@ def attention_grad_factored_naive(g: torch.Tensor, q_weight: torch.Tensor, k_wei
 # --------------------------------------------------------------------------------------------
 # attention helpers
 # --------------------------------------------------------------------------------------------
-def _masked_softmax(scores: torch.Tensor, mask: str) -> torch.Tensor:
+def _masked_softmax(scores: torch.Tensor, strict: bool) -> torch.Tensor:
     """Softmax over keys of ``(B, H, N, N)`` scores; empty rows (strict, token 0) are all zero."""
-    allowed, empty = _safe_mask(scores.shape[-1], mask, scores.device)
+    allowed, empty = _safe_mask(scores.shape[-1], strict, scores.device)
     p = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
     if empty is not None:
         p = p.masked_fill(empty[:, None], 0.0)
     return p
 
 
-def _sdpa_force(q: torch.Tensor, k: torch.Tensor, alpha: torch.Tensor, beta: float, mask: str,
+def _sdpa_force(q: torch.Tensor, k: torch.Tensor, alpha: torch.Tensor, beta: float, strict: bool,
                 dropout_p: float, out_weight: torch.Tensor | None) -> torch.Tensor:
-    """``−Σ_h α_h (softmax(β q kᵀ) k)_h [@ out_weight_h]`` with the causal mask, via SDPA."""
+    """``−Σ_h α_h (softmax(β q kᵀ) k)_h [@ out_weight_h]`` with the causal strict, via SDPA."""
     n = q.shape[-2]
-    if mask == "inclusive":
+    if not strict:
         ctx = F.scaled_dot_product_attention(q, k, k, is_causal=True, scale=beta, dropout_p=dropout_p)
     else:
-        allowed, empty = _safe_mask(n, mask, q.device)
+        allowed, empty = _safe_mask(n, strict, q.device)
         ctx = F.scaled_dot_product_attention(q, k, k, attn_mask=allowed, scale=beta, dropout_p=dropout_p)
         ctx = ctx.masked_fill(empty[:, None], 0.0)                  # token 0: no context, no force
     a = alpha.to(ctx.dtype)
@@ -260,15 +251,15 @@ def head_projection(g: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.einsum("bnd,hed->bhne", g, weight.to(g.dtype))
 
 
-def _offset_mask(n: int, s: int, mask: str, device) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _offset_mask(n: int, s: int, strict: bool, device) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`_safe_mask` for queries at the last ``n`` of ``s`` positions: ``(n, s)`` allowed, empty rows."""
     if n == s:
-        return _safe_mask(n, mask, device)
-    return causal_mask_offset(n, s, device, strict=mask == "strict"), None  # s > n: every row has a key
+        return _safe_mask(n, strict, device)
+    return causal_mask(n, s, device, strict=strict), None  # s > n: every row has a key
 
 
 def attention_force_from_keys(q: torch.Tensor, keys: torch.Tensor, alpha: torch.Tensor, beta: float,
-                              mask: str = "strict", out_weight: torch.Tensor | None = None) -> torch.Tensor:
+                              strict: bool = True, out_weight: torch.Tensor | None = None) -> torch.Tensor:
     """Attention force ``−Σ_h α_h Σ_{B∈ctx(A)} p^h_{AB} k_{hB} [W^Q_h]`` of the last ``N`` of ``S`` positions.
 
     ``q`` ``(B, H, N, e)``: the queries (full ``J``: ``g`` repeated over heads; factored:
@@ -278,16 +269,16 @@ def attention_force_from_keys(q: torch.Tensor, keys: torch.Tensor, alpha: torch.
     whole sequence, restricted to the last ``N`` rows (tested).
 
     Raises:
-        ValueError: bad ``mask``, or ``q`` and ``keys`` of different ``(B, H, e)`` or ``N > S``.
+        ValueError: ``strict`` not a bool, or ``q`` and ``keys`` of different ``(B, H, e)`` or ``N > S``.
     """
-    check_choice("mask", mask, MASKS)
+    _check_strict(strict)
     n, s = q.shape[-2], keys.shape[-2]
     if q.dim() != 4 or keys.shape[:2] != q.shape[:2] or keys.shape[-1] != q.shape[-1] or n > s:
         raise ValueError(f"q (B, H, N, e) and keys (B, H, S, e) with N <= S expected; got {tuple(q.shape)} "
                          f"and {tuple(keys.shape)}")
     if n == s:
-        return _sdpa_force(q, keys, alpha, beta, mask, 0.0, out_weight)
-    kw = {} if (n == 1 and mask == "inclusive") else {"attn_mask": _offset_mask(n, s, mask, q.device)[0]}
+        return _sdpa_force(q, keys, alpha, beta, strict, 0.0, out_weight)
+    kw = {} if (n == 1 and not strict) else {"attn_mask": _offset_mask(n, s, strict, q.device)[0]}
     ctx = F.scaled_dot_product_attention(q, keys, keys, scale=beta, **kw)
     a = alpha.to(ctx.dtype)
     if out_weight is None:
@@ -296,15 +287,15 @@ def attention_force_from_keys(q: torch.Tensor, keys: torch.Tensor, alpha: torch.
 
 
 def attention_energy_from_keys(q: torch.Tensor, keys: torch.Tensor, alpha: torch.Tensor, beta: float,
-                               mask: str = "strict") -> torch.Tensor:
+                               strict: bool = True) -> torch.Tensor:
     """Per-token attention energy ``(B, N)`` of the last ``N`` of ``S`` positions against ``keys``.
 
     Same arguments as :func:`attention_force_from_keys`; equals :func:`attention_energy` /
     :func:`attention_energy_factored` on the whole sequence, last ``N`` columns (tested).
     """
-    check_choice("mask", mask, MASKS)
+    _check_strict(strict)
     scores = beta * (q @ keys.transpose(-2, -1))                    # (B, H, N, S)
-    allowed, empty = _offset_mask(q.shape[-2], keys.shape[-2], mask, q.device)
+    allowed, empty = _offset_mask(q.shape[-2], keys.shape[-2], strict, q.device)
     lse = scores.masked_fill(~allowed, float("-inf")).logsumexp(dim=-1)
     if empty is not None:
         lse = lse.masked_fill(empty, 0.0)
@@ -340,13 +331,13 @@ def ff1_grad(g: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None) -> torch.
 
     Fast path: a fused ``autograd.Function`` with a hand-written backward (saves two
     ``(…, M)`` tensors instead of the ~10 element-wise intermediates autograd would keep);
-    first-order differentiable only. :func:`ff1_grad_naive` is the plain reference held equal
+    first-order differentiable only. :func:`ff1_grad_reference` is the plain reference held equal
     in the tests, forward and backward.
     """
     return _FF1Grad.apply(g, W.to(g.dtype), None if b is None else b.to(g.dtype))[0]
 
 
-def ff1_grad_naive(g: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+def ff1_grad_reference(g: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     """Plain reference for :func:`ff1_grad` (ordinary autograd through the formula)."""
     z = _linear(g, W, b)
     return -2.0 * (gelu(z) * gelu_prime(z)) @ W.to(g.dtype)
@@ -364,14 +355,14 @@ def ff2w_grad(g: torch.Tensor, W1: torch.Tensor, b1: torch.Tensor | None,
 
     The first term is a standard MLP; the second is the symmetric correction.
     Fast path: a fused ``autograd.Function`` with a hand-written backward (saves four
-    ``(…, M)`` tensors; first-order differentiable only); :func:`ff2w_grad_naive` is the plain
+    ``(…, M)`` tensors; first-order differentiable only); :func:`ff2w_grad_reference` is the plain
     reference held equal in the tests, forward and backward.
     """
     cast = lambda t: None if t is None else t.to(g.dtype)  # noqa: E731
     return _FF2WGrad.apply(g, cast(W1), cast(b1), cast(W2), cast(b2))[0]
 
 
-def ff2w_grad_naive(g: torch.Tensor, W1: torch.Tensor, b1: torch.Tensor | None,
+def ff2w_grad_reference(g: torch.Tensor, W1: torch.Tensor, b1: torch.Tensor | None,
                     W2: torch.Tensor, b2: torch.Tensor | None) -> torch.Tensor:
     """Plain reference for :func:`ff2w_grad` (ordinary autograd through the formula)."""
     z = _linear(g, W1, b1)
@@ -401,8 +392,6 @@ def ff2_grad(g: torch.Tensor, Wa: torch.Tensor, a: torch.Tensor | None,
     s2, sp2 = _gelu_parts(_linear(s1, Wb, b), second=False)
     return -2.0 * (sp1 * ((s2 * sp2) @ Wb.to(g.dtype))) @ Wa.to(g.dtype)
 
-
-FF_KINDS = ("ff1", "ff2w", "ff2")
 
 
 # --------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from transformers import PretrainedConfig
 
 from energyformer.models.config import ModelConfig
 from energyformer.models.registry import LANGUAGE_MODELS, config_from_dict
+from energyformer.utils.plugins import check_imports, load_plugins
 
 #: Hugging Face attribute names derived from the energyformer model config (never read back)
 DERIVED_KEYS = ("vocab_size", "max_position_embeddings", "hidden_size", "num_attention_heads",
@@ -28,17 +29,23 @@ class EnergyformerConfig(PretrainedConfig):
     Args:
         energyformer: the model config dict (``arch`` and the fields of the family's
             :class:`~energyformer.models.config.ModelConfig`); missing fields take their defaults.
+        imports: plugin modules the model config needs (a run's ``imports:``), imported
+            (:func:`~energyformer.utils.plugins.load_plugins`) before the model config is read and
+            kept in ``config.json``, so ``from_pretrained`` works in a fresh process.
         **kwargs: the usual :class:`~transformers.PretrainedConfig` arguments (``pad_token_id``...).
 
     Raises:
         ValueError: ``energyformer["arch"]`` is not this class's family, or a field is invalid
-            (the model config's own check, naming the field).
+            (the model config's own check, naming the field); a plugin module fails to import.
     """
 
     model_type = "energyformer"
     arch: ClassVar[str] = ""
 
-    def __init__(self, energyformer: dict[str, Any] | None = None, **kwargs: Any):
+    def __init__(self, energyformer: dict[str, Any] | None = None, imports: list[str] | None = None,
+                 **kwargs: Any):
+        self.imports = check_imports(imports)
+        load_plugins(self.imports)
         spec = {"arch": self.arch, **dict(energyformer or {})}
         if spec["arch"] != self.arch:
             raise ValueError(f"energyformer['arch']={spec['arch']!r} does not match {type(self).__name__} "

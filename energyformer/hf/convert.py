@@ -77,9 +77,9 @@ def to_llama(model: CausalLM) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
                 tied = gate if c.mlp_tie == "gate" else up
                 out.update({
                     p + "self_attn.q_proj.weight": q.clone(), p + "self_attn.k_proj.weight": k.clone(),
-                    p + "self_attn.v_proj.weight": k.clone(), p + "self_attn.o_proj.weight": blk.attn.eta(0) * q.t(),
+                    p + "self_attn.v_proj.weight": k.clone(), p + "self_attn.o_proj.weight": blk.attn.step_size_at(0) * q.t(),
                     p + "mlp.gate_proj.weight": gate.clone(), p + "mlp.up_proj.weight": up.clone(),
-                    p + "mlp.down_proj.weight": blk.mlp.eta(0) * tied.t(),
+                    p + "mlp.down_proj.weight": blk.mlp.step_size_at(0) * tied.t(),
                     p + "input_layernorm.weight": blk.attn.norm.weight.detach().clone(),
                     p + "post_attention_layernorm.weight": blk.mlp.norm.weight.detach().clone(),
                 })

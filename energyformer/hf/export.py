@@ -105,7 +105,7 @@ def export_run(run_dir: str | Path, to: str | Path, as_: str = "energyformer", p
         raise ValueError(f"--as {as_!r} is not a format; expected one of {', '.join(EXPORT_FORMATS)}")
     run_dir, to = check_complete_run(run_dir), Path(to)
     _check_target(to)
-    model, _, meta = load_run(run_dir)
+    model, run_cfg, meta = load_run(run_dir)
     c = model.config
     tokenizer = run_tokenizer(meta, run_dir, model_max_length=c.block_size)
     if as_ != "energyformer" and tokenizer.pad_token_id is not None and tokenizer.pad_token_id >= c.vocab_size:
@@ -113,7 +113,7 @@ def export_run(run_dir: str | Path, to: str | Path, as_: str = "energyformer", p
         # the attention mask hides it), not the <pad> that lies past the model's vocabulary
         tokenizer.pad_token = tokenizer.convert_ids_to_tokens(0)
     if as_ == "energyformer":
-        hf = MODEL_CLASSES[c.arch](config_for(c))
+        hf = MODEL_CLASSES[c.arch](config_for(c, imports=run_cfg.imports))
         hf.model.load_state_dict(model.state_dict())
     else:
         hf_config, state = (to_llama if as_ == "llama" else to_gpt2)(model)

@@ -27,6 +27,7 @@ parameters are shared over the ``T`` steps.
 """
 from __future__ import annotations
 
+import warnings
 
 import torch
 import torch.nn as nn
@@ -87,11 +88,21 @@ class _CEMSubBlock(Traceable, nn.Module):
     def _normalize(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.norm is None else self.norm(x)
 
-    def eta(self, t: int) -> torch.Tensor:
-        """Step size ``η_t`` (0-dim) of step ``t`` (0-based)."""
+    def step_size_at(self, t: int) -> torch.Tensor:
+        """Step size ``η_t = η·c_t`` (0-dim) of step ``t`` (0-based) (docs/cem.md §6).
+
+        (``eta`` names a step *map* module in NRGPT, ``NRGPTBlock.eta``; a CEM sub-block's scalar
+        step is its ``step_size`` and this method.)
+        """
         if self.step_scales is None:
             return self.step_size
         return self.step_size * self.step_scales[t]
+
+    def eta(self, t: int) -> torch.Tensor:
+        """Deprecated old name of :meth:`step_size_at` (warns ``FutureWarning``)."""
+        warnings.warn("CEM sub-block .eta(t) is deprecated; use .step_size_at(t) (NRGPT's .eta is its step map)",
+                      FutureWarning, stacklevel=2)
+        return self.step_size_at(t)
 
     def _descend(self, x: torch.Tensor, grad_g: torch.Tensor, t: int) -> torch.Tensor:
         """``x − η_t P ∇`` with ``∇ = ∇_g ε`` (or ``J_Normᵀ ∇_g ε`` if ``grad_through_norm``)."""
@@ -100,7 +111,7 @@ class _CEMSubBlock(Traceable, nn.Module):
             grad = rms_norm_vjp(x, grad_g, self.norm.weight.to(x.dtype), self.norm.eps)
         if self.preconditioner is not None:
             grad = self.preconditioner(grad)
-        return torch.addcmul(x, self.eta(t).to(x.dtype), grad, value=-1.0)  # x − η_t·grad, one kernel
+        return torch.addcmul(x, self.step_size_at(t).to(x.dtype), grad, value=-1.0)  # x − η_t·grad, one kernel
 
     def _run(self, x: torch.Tensor, cache=None, layer_idx: int = 0, offset: int = 0) -> torch.Tensor:
         if x.dim() != 3 or x.shape[-1] != self.d_model:
@@ -174,13 +185,12 @@ class CEMAttention(_CEMSubBlock):
         head_dim: ``d_h`` (default ``d_model // n_heads``); temperature ``τ = sqrt(d_h)``.
         n_steps: recursion ``T ≥ 1``.
         step_size: initial η (> 0); default 1 for T=1, 1/T otherwise. Not allowed with a preconditioner.
-        interaction: a name registered in ``INTERACTIONS``: "lowrank" (tied attention),
-            "diag_shared" (D+LR, one diagonal), "diag_per_head" (D+LR, one diagonal per head),
-            "diag_only" (ablation: per-head diagonals, no low-rank term and no q/k projections).
+        interaction: a name registered in ``INTERACTIONS`` (default "lowrank", tied attention; the
+            entries: the ``interaction`` table of docs/architecture.md, generated from the registry).
         rope: "exact" (true gradient of the rotated energy), "llama" (Llama's computation) or None.
         rope_theta: RoPE base.
-        preconditioner: None or a name registered in ``STEP_MAPS`` ("diag", "diag_lowrank",
-            "diag_lowrank_psd", ...); ``preconditioner_rank`` r of its low-rank part.
+        preconditioner: None or a name registered in ``STEP_MAPS`` (the ``step_map`` table of
+            docs/architecture.md); ``preconditioner_rank`` r of its low-rank part.
         norm: "rmsnorm" or None (raw energy on x); ``norm_eps``.
         grad_through_norm: use ``J_Normᵀ ∇_g ε`` (docs/cem.md §7 alternative).
         learn_step_size: η is a Parameter (else a fixed buffer).
@@ -188,8 +198,8 @@ class CEMAttention(_CEMSubBlock):
 
     Raises:
         ValueError: ``n_steps < 1``; ``n_heads`` not dividing ``d_model`` (when ``head_dim`` is
-            None); step size ≤ 0; unknown option; odd ``head_dim`` with RoPE; RoPE with
-            "diag_only"; ``step_size`` given with a preconditioner.
+            None); step size ≤ 0; unknown option; odd ``head_dim`` with RoPE; RoPE with an
+            interaction without a low-rank term; ``step_size`` given with a preconditioner.
     """
 
     trace_sub = "attn"
@@ -262,7 +272,8 @@ class CEMGatedMLP(_CEMSubBlock):
     Args:
         d_model, d_ff: widths. n_steps, step_size, preconditioner, preconditioner_rank, norm,
         norm_eps, grad_through_norm, learn_step_size, per_step_scale: as in :class:`CEMAttention`.
-        mlp_tie: a name registered in ``MLP_TIES``: "gate" (variant A, default) or "up" (variant B).
+        mlp_tie: a name registered in ``MLP_TIES`` (default "gate", variant A; the ``mlp_tie`` table
+            of docs/architecture.md).
 
     Raises:
         ValueError: ``n_steps < 1``, ``d_ff < 1``, step size ≤ 0, unknown option.

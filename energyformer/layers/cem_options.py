@@ -1,23 +1,26 @@
 """CEM option families as registries: interactions (docs/cem.md §2–§4) and MLP ties (docs/cem.md §3).
 
-:data:`INTERACTIONS` — the form of the interaction matrices ``A_k(i, j)`` of the attention energy
-``ε_att(g_i | ĥ) = −Σ_k τ log Σ_{j≤i} exp(g_iᵀ A_k(i, j) ĥ_j / τ)``. Each entry is an
-``nn.Module`` that owns its parameters, checks its options, computes the keys/values context, the
-analytic gradient and the energy through the pure functions of :mod:`energyformer.energies.cem`,
-and reports its parameters by group for accounting:
+:data:`INTERACTIONS` — the interaction energy of the attention sub-block, by default the form of
+the interaction matrices ``A_k(i, j)`` of ``ε_att(g_i | ĥ) = −Σ_k τ log Σ_{j≤i} exp(g_iᵀ A_k(i, j) ĥ_j / τ)``.
+:data:`MLP_TIES` — the gated-MLP energy variant (which projection the down projection is tied to).
+The entries and what each is: ``python -m energyformer.utils.registry`` (the tables of
+docs/architecture.md are generated from the registries).
 
-* ``lowrank``        ``A_k = (R_i W^Q_k)ᵀ R_j W^K_k``: weight-tied attention (``q_proj``, ``k_proj``).
-* ``diag_shared``    low rank + one diagonal ``diag(d)`` shared by the heads (``diag`` (d,)).
-* ``diag_per_head``  low rank + one diagonal per head (``diag`` (H, d)).
-* ``diag_only``      per-head diagonals only (ablation; no projections, no RoPE).
+Each entry implements a small protocol and owns its math (it calls the pure functions of its own
+form in :mod:`energyformer.energies.cem`; nothing below the registry dispatches on its name):
 
-:data:`MLP_TIES` — which projection the down projection is tied to in the gated-MLP energy. Both
-entries use the same two parameters (``gate_proj``, ``up_proj``, owned by the sub-block), so an
-entry owns no parameters: it is the energy/gradient pair of its variant.
+* an interaction: ``context(h_hat, cache=None, layer_idx=0, offset=0)`` (what it computes once
+  from ``ĥ``, and what its cache slot holds: :meth:`Interaction.cache_entry` /
+  :meth:`Interaction.context_from_cache`), ``grad(g, h_hat, ctx)``, ``energy(g, h_hat)`` and
+  ``param_groups()`` (its parameters by accounting group);
+* an MLP tie: ``context``, ``grad``, ``energy`` (both ties use the sub-block's ``gate_proj`` and
+  ``up_proj``, so a tie owns no parameters).
 
 Adding an entry: subclass :class:`Interaction` (or :class:`MLPTie`), decorate it with
 ``@INTERACTIONS.register("name")`` and every config, recipe and CLI flag accepts ``"name"``;
-``tests/test_registries.py`` then checks it (causality, autograd identity) automatically.
+``tests/test_registries.py`` then checks it (causality, autograd identity, gradcheck w.r.t. every
+parameter) automatically. A module outside the package is loaded by
+:func:`energyformer.utils.plugins.load_plugins` (``imports:`` of a run config).
 """
 from __future__ import annotations
 
@@ -28,21 +31,28 @@ import torch
 import torch.nn as nn
 
 from energyformer._validate import check_choice, check_int
-from energyformer.energies.cem import (InteractionContext, gated_mlp_context, gated_mlp_energy, gated_mlp_grad,
-                                       interaction_context, interaction_energy, interaction_grad)
+from energyformer.energies import cem as E
+from energyformer.energies.cem import InteractionContext
 from energyformer.energies.heads import merge_heads, split_heads
 from energyformer.layers.rope import RotaryEmbedding
 from energyformer.utils.registry import Registry
 
-__all__ = ["INTERACTIONS", "MLP_TIES", "ROPE_CHOICES", "Interaction", "MLPTie"]
+__all__ = ["INTERACTIONS", "MLP_TIES", "ROPE_CHOICES", "Interaction", "MLPTie", "LowRankInteraction",
+           "DiagSharedInteraction", "DiagPerHeadInteraction", "DiagOnlyInteraction"]
 
-INTERACTIONS: Registry[type["Interaction"]] = Registry("interaction")
-MLP_TIES: Registry[type["MLPTie"]] = Registry("mlp_tie")
+INTERACTIONS: Registry[type["Interaction"]] = Registry(
+    "interaction", "CEM attention interaction energies (model option `interaction`)", "docs/cem.md §4")
+MLP_TIES: Registry[type["MLPTie"]] = Registry(
+    "mlp_tie", "CEM gated-MLP energies (model option `mlp_tie`)", "docs/cem.md §3")
 ROPE_CHOICES = ("exact", "llama", None)
 
 
 class Interaction(nn.Module):
-    """Base class of a CEM interaction: the parameters of ``A_k(i, j)`` and their energy/gradient.
+    """Base class of a CEM interaction: the parameters of its energy, its context, gradient and energy.
+
+    The base class builds ``q_proj``/``k_proj`` (when :attr:`has_lowrank`), the RoPE tables and the
+    low-rank keys/values context with its cache layout; a subclass gives :meth:`grad` and
+    :meth:`energy` (and overrides the rest when its energy needs another context).
 
     Args:
         d_model, n_heads, head_dim: ``d``, ``H``, ``d_h``; temperature ``τ = sqrt(d_h)``.
@@ -53,8 +63,6 @@ class Interaction(nn.Module):
     """
 
     name: ClassVar[str] = ""
-    #: the D+LR form passed to the pure functions ("none", "shared", "per_head")
-    diag_mode: ClassVar[str] = "none"
     #: the entry has the low-rank term (``q_proj``, ``k_proj``)
     has_lowrank: ClassVar[bool] = True
     #: local parameter names exempt from weight decay
@@ -67,6 +75,7 @@ class Interaction(nn.Module):
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
         self.tau = math.sqrt(head_dim)
         self.rope_mode = rope
+        self.exact_rope = rope != "llama"
         self.rotary = RotaryEmbedding(head_dim, rope_theta) if rope is not None else None
         if self.has_lowrank:
             self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
@@ -102,64 +111,49 @@ class Interaction(nn.Module):
             return None, None
         return self.q_proj.weight, self.k_proj.weight
 
-    def rope_tables(self, h_hat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """RoPE ``(cos, sin)`` for ``h_hat`` (B, N, d), or None without RoPE."""
+    def rope_tables(self, h_hat: torch.Tensor, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """RoPE ``(cos, sin)`` for the positions ``offset …`` of ``h_hat`` (B, N, d), or None without RoPE."""
         if self.rotary is None:
             return None
-        return self.rotary(h_hat.shape[1], device=h_hat.device, dtype=h_hat.dtype)
+        return self.rotary(h_hat.shape[1], device=h_hat.device, dtype=h_hat.dtype, start=offset)
 
+    # -------------------------------------------------------------------------- the protocol
     def context(self, h_hat: torch.Tensor, cache=None, layer_idx: int = 0, offset: int = 0) -> InteractionContext:
-        """Keys and values from the fixed context ``ĥ`` (B, N, d), computed once per sub-block.
+        """What the sub-block computes once from ``ĥ`` (B, N, d) and reuses at every step.
 
         With ``cache`` (docs/architecture.md §5) ``h_hat`` holds the new tokens at positions
-        ``offset …``; their keys go to slot ``layer_idx`` as one key tensor
-        ``[R_j W_K ĥ_j ; ĥ_j]`` per head (the ``ĥ`` part only with a diagonal term; ``ĥ`` split
-        over the heads when ``H`` divides ``d``, else repeated) and a value tensor that is empty
-        when the values are the keys (no RoPE or exact RoPE) and the un-rotated keys in llama
-        mode. The returned context covers every cached position; its ``rope`` holds the tables
-        of the new positions (for the queries).
+        ``offset …``; :meth:`cache_entry` of their context goes to slot ``layer_idx`` and the
+        returned context (:meth:`context_from_cache`) covers every cached position, its ``rope``
+        holding the tables of the new positions (for the queries).
         """
-        _, w_k = self.weights()
-        mode = self.rope_mode or "exact"
+        w_k = self.weights()[1]
+        ctx = E.interaction_context(h_hat, w_k, self.n_heads, rope=self.rope_tables(h_hat, offset),
+                                    exact_rope=self.exact_rope)
         if cache is None:
-            return interaction_context(h_hat, w_k, self.n_heads, rope=self.rope_tables(h_hat), rope_mode=mode)
-        rope = None if self.rotary is None else self.rotary(h_hat.shape[1], device=h_hat.device,
-                                                            dtype=h_hat.dtype, start=offset)
-        new = interaction_context(h_hat, w_k, self.n_heads, rope=rope, rope_mode=mode)
-        keep_h = new.k is None or self.diag_mode != "none"
-        parts = [t for t in (new.k, self._h_to_heads(h_hat) if keep_h else None) if t is not None]
-        key = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
-        value = new.v if new.v is not new.k else key.new_empty(*key.shape[:-1], 0)
-        keys, values = cache.update(key, value, layer_idx)
-        dk = 0 if new.k is None else self.head_dim
-        k = None if new.k is None else keys[..., :dk]
-        h = self._h_from_heads(keys[..., dk:]) if keep_h else None
-        v = values if values.shape[-1] else k
-        return InteractionContext(h, k, v, rope, mode)
+            return ctx
+        keys, values = cache.update(*self.cache_entry(ctx), layer_idx)
+        return self.context_from_cache(keys, values, ctx)
 
-    def _h_to_heads(self, h: torch.Tensor) -> torch.Tensor:
-        """ĥ (B, N, d) as a per-head tensor for the cache: split (B, H, N, d/H) or repeated (B, H, N, d)."""
-        if self.d_model % self.n_heads == 0:
-            return split_heads(h, self.n_heads)
-        return h[:, None].expand(-1, self.n_heads, -1, -1)
+    def cache_entry(self, ctx: InteractionContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(key, value)`` ``(B, H, N, e)`` that the cache slot holds for the new tokens of ``ctx``:
+        the keys ``R_j W_K ĥ_j`` and a value tensor that is empty when the values are the keys (no
+        RoPE or exact RoPE), else the un-rotated keys."""
+        value = ctx.v if ctx.v is not ctx.k else ctx.k.new_empty(*ctx.k.shape[:-1], 0)
+        return ctx.k, value
 
-    def _h_from_heads(self, t: torch.Tensor) -> torch.Tensor:
-        """Inverse of :meth:`_h_to_heads`: (B, N, d)."""
-        return merge_heads(t) if self.d_model % self.n_heads == 0 else t[:, 0]
+    def context_from_cache(self, keys: torch.Tensor, values: torch.Tensor,
+                           new: InteractionContext) -> InteractionContext:
+        """The context over every cached position from the slot's ``keys``/``values`` ``(B, H, S, e)``
+        (inverse of :meth:`cache_entry`); ``new`` is the context of the new tokens (its ``rope``)."""
+        return InteractionContext(None, keys, values if values.shape[-1] else keys, new.rope, new.exact_rope)
 
-    def grad(self, g: torch.Tensor, h_hat: torch.Tensor, ctx: InteractionContext) -> torch.Tensor:
-        """``∇_g ε_att`` (B, N, d) at ``g`` (B, N, d) with context ``ĥ`` held fixed."""
-        w_q, w_k = self.weights()
-        return interaction_grad(g, h_hat, w_q, w_k, self.n_heads, diag=self.diag, rope=ctx.rope,
-                                rope_mode=ctx.rope_mode, tau=self.tau, context=ctx, diag_mode=self.diag_mode)
+    def grad(self, g: torch.Tensor, h_hat: torch.Tensor, ctx: InteractionContext) -> torch.Tensor:  # pragma: no cover
+        """``∇_g ε_att`` (B, N, d) at ``g`` (B, N, d) with context ``ĥ`` held fixed (``ctx`` from :meth:`context`)."""
+        raise NotImplementedError
 
-    def energy(self, g: torch.Tensor, h_hat: torch.Tensor) -> torch.Tensor | None:
-        """Per-token ``ε_att`` (B, N), or None for ``rope="llama"`` (not the gradient of an energy)."""
-        if self.rope_mode == "llama":
-            return None
-        w_q, w_k = self.weights()
-        return interaction_energy(g, h_hat, w_q, w_k, self.n_heads, diag=self.diag, rope=self.rope_tables(h_hat),
-                                  tau=self.tau, diag_mode=self.diag_mode)
+    def energy(self, g: torch.Tensor, h_hat: torch.Tensor) -> torch.Tensor | None:  # pragma: no cover
+        """Per-token ``ε_att`` (B, N) of ``g`` given ``ĥ``, or None when the update is not a gradient."""
+        raise NotImplementedError
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         """Parameters by accounting group: ``projections`` (W_Q, W_K) and ``diag`` (the D+LR diagonal)."""
@@ -173,32 +167,80 @@ class Interaction(nn.Module):
 
 @INTERACTIONS.register("lowrank")
 class LowRankInteraction(Interaction):
-    """Weight-tied attention: ``A_k(i, j) = (R_i W^Q_k)ᵀ R_j W^K_k`` (values = keys, output = queryᵀ)."""
+    """Weight-tied attention ``A_k(i, j) = (R_i W^Q_k)ᵀ R_j W^K_k`` (values = keys, output = queryᵀ)."""
+
+    section = "docs/cem.md §2"
+
+    def grad(self, g: torch.Tensor, h_hat: torch.Tensor, ctx: InteractionContext) -> torch.Tensor:
+        return E.lowrank_grad(g, ctx, self.q_proj.weight, self.n_heads, self.tau)
+
+    def energy(self, g: torch.Tensor, h_hat: torch.Tensor) -> torch.Tensor | None:
+        """Per-token ``ε_att`` (B, N), or None for ``rope="llama"`` (not the gradient of an energy)."""
+        if not self.exact_rope:
+            return None
+        w_q, w_k = self.weights()
+        return E.interaction_energy(g, h_hat, w_q, w_k, self.n_heads, diag=self.diag, rope=self.rope_tables(h_hat),
+                                    tau=self.tau)
+
+
+class _DiagInteraction(LowRankInteraction):
+    """A D+LR interaction: its cache slot also holds ``ĥ`` (its diagonal term attends to ``ĥ``)."""
+
+    def _h_to_heads(self, h: torch.Tensor) -> torch.Tensor:
+        """ĥ (B, N, d) as a per-head tensor for the cache: split (B, H, N, d/H) or repeated (B, H, N, d)."""
+        if self.d_model % self.n_heads == 0:
+            return split_heads(h, self.n_heads)
+        return h[:, None].expand(-1, self.n_heads, -1, -1)
+
+    def _h_from_heads(self, t: torch.Tensor) -> torch.Tensor:
+        """Inverse of :meth:`_h_to_heads`: (B, N, d)."""
+        return merge_heads(t) if self.d_model % self.n_heads == 0 else t[:, 0]
+
+    def cache_entry(self, ctx: InteractionContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys ``[R_j W_K ĥ_j ; ĥ_j]`` per head (only ``ĥ`` without a low-rank term) and the values
+        as in :meth:`Interaction.cache_entry`."""
+        h = self._h_to_heads(ctx.h)
+        if ctx.k is None:
+            return h, h.new_empty(*h.shape[:-1], 0)
+        return torch.cat((ctx.k, h), dim=-1), super().cache_entry(ctx)[1]
+
+    def context_from_cache(self, keys: torch.Tensor, values: torch.Tensor,
+                           new: InteractionContext) -> InteractionContext:
+        dk = 0 if new.k is None else self.head_dim
+        k = None if new.k is None else keys[..., :dk]
+        v = values if values.shape[-1] else k
+        return InteractionContext(self._h_from_heads(keys[..., dk:]), k, v, new.rope, new.exact_rope)
 
 
 @INTERACTIONS.register("diag_shared")
-class DiagSharedInteraction(Interaction):
+class DiagSharedInteraction(_DiagInteraction):
     """D+LR with one diagonal shared by all heads: ``A_k = low rank + diag(d)``, ``d`` (d,) zero at init."""
 
-    diag_mode = "shared"
+    section = "docs/cem.md §4"
 
     def _make_diag(self, d_model: int, n_heads: int) -> nn.Parameter:
         return nn.Parameter(torch.zeros(d_model))
 
+    def grad(self, g: torch.Tensor, h_hat: torch.Tensor, ctx: InteractionContext) -> torch.Tensor:
+        return E.diag_shared_grad(g, ctx, self.q_proj.weight, self.diag, self.n_heads, self.tau)
+
 
 @INTERACTIONS.register("diag_per_head")
-class DiagPerHeadInteraction(Interaction):
+class DiagPerHeadInteraction(_DiagInteraction):
     """D+LR with one diagonal per head: ``A_k = low rank + diag(d_k)``, ``d`` (H, d) zero at init.
 
     Not weight-decayed (a decayed per-head diagonal would be pulled to zero while the 1-D shared
     one is not, which would bias the ablation).
     """
 
-    diag_mode = "per_head"
+    section = "docs/cem.md §4"
     no_weight_decay = ("diag",)
 
     def _make_diag(self, d_model: int, n_heads: int) -> nn.Parameter:
         return nn.Parameter(torch.zeros(n_heads, d_model))
+
+    def grad(self, g: torch.Tensor, h_hat: torch.Tensor, ctx: InteractionContext) -> torch.Tensor:
+        return E.diag_per_head_grad(g, ctx, self.q_proj.weight, self.diag, self.n_heads, self.tau)
 
 
 @INTERACTIONS.register("diag_only")
@@ -216,33 +258,38 @@ class DiagOnlyInteraction(DiagPerHeadInteraction):
     def _make_diag(self, d_model: int, n_heads: int) -> nn.Parameter:
         return nn.Parameter(torch.randn(n_heads, d_model) * self.init_std)
 
+    def grad(self, g: torch.Tensor, h_hat: torch.Tensor, ctx: InteractionContext) -> torch.Tensor:
+        return E.diag_only_grad(g, ctx, self.diag, self.tau)
+
 
 class MLPTie:
-    """Base class of an MLP tie: the gated-MLP energy variant (docs/cem.md §3).
+    """Base class of an MLP tie: one gated-MLP energy variant (docs/cem.md §3).
 
     Both variants use ``w_gate`` and ``w_up`` (``(d_ff, d)``, owned by the sub-block); they differ in
-    which one the down projection is tied to (:attr:`tied`).
+    which one the down projection is tied to (:attr:`tied`). An entry names its pure functions
+    (``context_fn``, ``energy_fn``, ``grad_fn`` of :mod:`energyformer.energies.cem`).
     """
 
     name: ClassVar[str] = ""
+    section: ClassVar[str] = "docs/cem.md §3"
     #: the projection whose transpose is the down projection ("gate_proj" or "up_proj")
     tied: ClassVar[str] = ""
 
     @classmethod
     def context(cls, h_hat: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
         """The fixed multiplicative branch (B, N, d_ff) from ``ĥ`` (B, N, d)."""
-        return gated_mlp_context(h_hat, w_gate, w_up, cls.name)
+        return cls.context_fn(h_hat, w_gate, w_up)
 
     @classmethod
     def grad(cls, g: torch.Tensor, h_hat: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
              ctx: torch.Tensor) -> torch.Tensor:
         """``∇_g ε_mlp`` (B, N, d)."""
-        return gated_mlp_grad(g, h_hat, w_gate, w_up, cls.name, context=ctx)
+        return cls.grad_fn(g, h_hat, w_gate, w_up, context=ctx)
 
     @classmethod
     def energy(cls, g: torch.Tensor, h_hat: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
         """Per-token ``ε_mlp`` (B, N)."""
-        return gated_mlp_energy(g, h_hat, w_gate, w_up, cls.name)
+        return cls.energy_fn(g, h_hat, w_gate, w_up)
 
 
 @MLP_TIES.register("gate")
@@ -250,6 +297,8 @@ class GateTie(MLPTie):
     """Variant A: ``ε = −Σ_m (W_U ĥ)_m F(w^gate_m·g)``, ``F = ∫SiLU``; down projection = ``gate_projᵀ``."""
 
     tied = "gate_proj"
+    context_fn = staticmethod(E.gate_tie_context)
+    energy_fn, grad_fn = staticmethod(E.gate_tie_energy), staticmethod(E.gate_tie_grad)
 
 
 @MLP_TIES.register("up")
@@ -257,3 +306,5 @@ class UpTie(MLPTie):
     """Variant B: ``ε = −½ Σ_m SiLU(w^gate_m·ĥ) (w^up_m·g)²``; down projection = ``up_projᵀ``."""
 
     tied = "up_proj"
+    context_fn = staticmethod(E.up_tie_context)
+    energy_fn, grad_fn = staticmethod(E.up_tie_energy), staticmethod(E.up_tie_grad)

@@ -55,17 +55,19 @@ class RMSNorm(nn.Module):
         return (self.weight.to(xf.dtype) * y).to(dt)
 
 
-NORMS: Registry = Registry("norm")
+NORMS: Registry = Registry("norm", "norms of NRGPT's `g = Norm(x)` (model option `norm`)", "docs/nrgpt.md §4")
 """Norm registry: name -> ``factory(d_model, eps) -> nn.Module | None`` (``"none"``: no norm, ``g = x``)."""
 
 
 @NORMS.register("layernorm")
 def _layernorm(d_model: int, eps: float = 1e-5) -> nn.Module:
+    """LayerNorm with a learnable scale γ and shift (the reference code's default)."""
     return LayerNorm(d_model, eps=eps)
 
 
 @NORMS.register("rmsnorm")
 def _rmsnorm(d_model: int, eps: float = 1e-5) -> nn.Module:
+    """RMSNorm ``γ ⊙ x / rms(x)`` with a learnable scale γ."""
     return RMSNorm(d_model, eps=eps)
 
 
@@ -77,6 +79,7 @@ def _layernorm_frozen(d_model: int, eps: float = 1e-5) -> nn.Module:
 
 @NORMS.register("none")
 def _no_norm(d_model: int, eps: float = 1e-5) -> None:
+    """No norm: ``g = x`` (pairs with ``eta_param="psd_plus_skew"`` for the no-norm descent condition)."""
     return None
 
 

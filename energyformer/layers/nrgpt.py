@@ -8,21 +8,18 @@ docs/nrgpt.md §4 (code form)::
 with partial gradients per token (each token descends its own energy, earlier tokens fixed;
 docs/nrgpt.md §2). Energies and analytic gradients live in :mod:`energyformer.energies.nrgpt`.
 
-Every option plugs in from a registry (docs/nrgpt.md §2–§5, docs/choices.md):
+Every option plugs in from a registry (docs/nrgpt.md §2–§5, docs/choices.md); the entries of
+each are the generated tables of docs/architecture.md (``python -m energyformer.utils.registry``):
 
-* ``attention`` from :data:`~energyformer.layers.nrgpt_options.NRGPT_ATTENTIONS`: ``"full"`` (one
-  ``J_h ∈ R^{d×d}`` per head) or ``"factored"`` (``J_h = W^K_hᵀ W^Q_h``); it owns α
-  (``learn_alpha``), β (default 1 for full, ``1/sqrt(head_dim)`` for factored) and the ``mask``
-  (``"strict"``: B < A, the paper; ``"inclusive"``: B ≤ A, the reference code on LM tasks).
-* ``ff`` from :data:`~energyformer.layers.nrgpt_options.FF_ENERGIES`: ``"ff1"``, ``"ff2w"``
-  (default), ``"ff2"``; ``s_ff`` is the learnable ``ff_scale`` (init 1).
-* ``eta_param`` (the η parameterization) from :data:`~energyformer.layers.step_maps.STEP_MAPS`:
-  ``"full"`` (a free ``d×d`` map, the reference code), ``"c_diag_gamma"`` (``c·diag(γ)``, γ the
-  norm's weight: provable descent), ``"c_identity"`` (``c·I``), ``"psd_plus_skew"``
-  (``L Lᵀ + S − Sᵀ``), or any other step map (``"diag"``, ``"diag_lowrank"``, ...).
-* ``norm`` from :data:`~energyformer.layers.norms.NORMS`: ``"layernorm"``, ``"rmsnorm"``,
-  ``"layernorm_frozen"`` (γ ≡ 1; reference ``BareLN``) or ``"none"``/``None`` (``g = x``; pairs
-  with ``psd_plus_skew`` for the no-norm descent condition).
+* ``attention`` from :data:`~energyformer.layers.nrgpt_options.NRGPT_ATTENTIONS`; the entry owns α
+  (``learn_alpha``), β (its default) and the ``mask`` (``"strict"``: B < A, the paper;
+  ``"inclusive"``: B ≤ A, the reference code on LM tasks).
+* ``ff`` from :data:`~energyformer.layers.nrgpt_options.FF_ENERGIES`; ``s_ff`` is the learnable
+  ``ff_scale`` (init 1).
+* ``eta_param`` (the η parameterization) from :data:`~energyformer.layers.step_maps.STEP_MAPS`,
+  the step maps CEM's preconditioner uses too. ``NRGPTBlock.eta`` is that step map (a module);
+  η is never a scalar step here (CEM's scalar step is ``step_size``).
+* ``norm`` from :data:`~energyformer.layers.norms.NORMS` (``None`` is ``"none"``: ``g = x``).
 """
 from __future__ import annotations
 
@@ -48,12 +45,12 @@ class NRGPTBlock(Traceable, nn.Module):
     Args:
         d_model: width ``d``.
         n_heads: number of heads ``H`` (must divide ``d_model``).
-        attention: a name in ``NRGPT_ATTENTIONS`` (``"full"`` | ``"factored"``).
+        attention: a name in ``NRGPT_ATTENTIONS`` (default ``"full"``).
         head_dim: ``d_h`` for ``"factored"`` (default ``d_model // n_heads``; unused for full).
-        beta: inverse temperature (default: the attention entry's, 1 for full, ``1/sqrt(head_dim)`` for factored).
+        beta: inverse temperature (default: the attention entry's ``default_beta``).
         learn_alpha: learn the head weights α (init 1); ``False`` fixes α = 1 (reference code).
         mask: ``"strict"`` | ``"inclusive"``.
-        ff: a name in ``FF_ENERGIES`` (``"ff1"`` | ``"ff2w"`` | ``"ff2"``).
+        ff: a name in ``FF_ENERGIES`` (default ``"ff2w"``).
         d_ff: FF hidden size ``M`` (default ``4·d_model``).
         eta_param: the η parameterization, a name in ``STEP_MAPS`` (see the module docstring).
         c_init: initial scale ``s`` of η (η starts near ``s·I``: ``c = s`` for ``c_*``,
@@ -198,9 +195,13 @@ class NRGPTBlock(Traceable, nn.Module):
         return {"attn": self.attention.energy(g), "ff": self.ff_scale.to(g.dtype) * self.ff.energy(g)}
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
-        """Parameters by accounting group: ``attention``, ``ff`` (with ``s_ff``), ``eta``, ``norm``."""
-        return {"attention": list(self.attention.parameters()), "ff": [*self.ff.parameters(), self.ff_scale],
-                "eta": list(self.eta.parameters()), "norm": [] if self.norm is None else list(self.norm.parameters())}
+        """Parameters by accounting group: the attention and FF entries' own groups (``attention``,
+        ``ff``, to which ``s_ff`` is added), ``eta`` and ``norm``."""
+        groups = {**self.attention.param_groups(), **self.ff.param_groups()}
+        groups["ff"] = [*groups.get("ff", []), self.ff_scale]
+        groups["eta"] = list(self.eta.parameters())
+        groups["norm"] = [] if self.norm is None else list(self.norm.parameters())
+        return groups
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, dropout={self.dropout_p}, norm={self.norm_kind!r}"

@@ -2,24 +2,20 @@
 energies (docs/nrgpt.md §3).
 
 :data:`NRGPT_ATTENTIONS` — how the per-head interaction ``J_h`` of
-``E_A = −(1/β) Σ_h α_h log Σ_{B∈ctx(A)} exp(β g_Bᵀ J_h g_A)`` is parameterized:
-
-* ``full``      one free ``J_h ∈ R^{d×d}`` per head (the reference code; Parameter ``J`` (H, d, d)),
-  ``β = 1`` by default.
-* ``factored``  ``J_h = W^K_hᵀ W^Q_h`` (``q_proj``, ``k_proj``), ``β = 1/sqrt(d_h)`` by default.
-
-Each entry owns ``J``'s parameters, the head weights α (``learn_alpha``), the β default, the
-mask, and the energy / analytic gradient through :mod:`energyformer.energies.nrgpt`.
+``E_A = −(1/β) Σ_h α_h log Σ_{B∈ctx(A)} exp(β g_Bᵀ J_h g_A)`` is parameterized. Each entry owns
+``J``'s parameters, the head weights α (``learn_alpha``), the β default, the mask, its keys and
+queries (what a cache slot holds) and the energy / analytic gradient through
+:mod:`energyformer.energies.nrgpt`.
 
 :data:`FF_ENERGIES` — the feed-forward energy ``E_FF`` (σ = exact GELU; biases as in the
-reference code):
+reference code); an entry lists its projections and names its pure energy/gradient functions.
 
-* ``ff1``   ``−‖σ(W g + b)‖²``                       (``up_proj``)
-* ``ff2w``  ``−gᵀ(W² σ(W¹ g + b¹) + b²)``            (``up_proj`` = W¹, ``down_proj`` = W²)
-* ``ff2``   ``−‖σ(W^b σ(W^a g + a) + b)‖²``          (``in_proj`` = W^a, ``up_proj`` = W^b)
+The entries and what each is: the ``attention`` and ``ff`` tables of docs/architecture.md,
+generated from the registries (``python -m energyformer.utils.registry``).
 
 Adding an entry: subclass :class:`NRGPTAttention` / :class:`FFEnergy` and register it;
-``tests/test_registries.py`` checks every registered entry (causality, autograd identity).
+``tests/test_registries.py`` checks every registered entry (causality, autograd identity,
+gradcheck w.r.t. every parameter).
 """
 from __future__ import annotations
 
@@ -33,13 +29,28 @@ from energyformer._validate import check_choice, check_float, check_int
 from energyformer.energies import nrgpt as E
 from energyformer.utils.registry import Registry
 
-__all__ = ["NRGPT_ATTENTIONS", "FF_ENERGIES", "NRGPTAttention", "FFEnergy"]
+__all__ = ["NRGPT_ATTENTIONS", "FF_ENERGIES", "MASKS", "NRGPTAttention", "FFEnergy"]
 
-NRGPT_ATTENTIONS: Registry[type["NRGPTAttention"]] = Registry("attention")
-FF_ENERGIES: Registry[type["FFEnergy"]] = Registry("ff")
+#: the attention masks (model option ``mask``): ``"strict"`` B < A (the paper), ``"inclusive"`` B ≤ A
+MASKS = ("strict", "inclusive")
+
+NRGPT_ATTENTIONS: Registry[type["NRGPTAttention"]] = Registry(
+    "attention", "NRGPT attention energies (model option `attention`)", "docs/nrgpt.md §2")
+FF_ENERGIES: Registry[type["FFEnergy"]] = Registry(
+    "ff", "NRGPT feed-forward energies (model option `ff`)", "docs/nrgpt.md §3")
 
 
-class NRGPTAttention(nn.Module):
+class _OneGroup(nn.Module):
+    """An entry whose parameters form one accounting group, named :attr:`group`."""
+
+    group: ClassVar[str] = ""
+
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        """Parameters by accounting group: ``{group: every parameter of the entry}``."""
+        return {self.group: list(self.parameters())}
+
+
+class NRGPTAttention(_OneGroup):
     """Base class of an NRGPT attention energy (per-token energy and partial gradient).
 
     Args:
@@ -52,6 +63,8 @@ class NRGPTAttention(nn.Module):
     """
 
     name: ClassVar[str] = ""
+    section: ClassVar[str] = "docs/nrgpt.md §2"
+    group = "attention"  # J (or its factors) and α
 
     def __init__(self, d_model: int, n_heads: int, head_dim: int, *, beta: float | None = None,
                  learn_alpha: bool = True, mask: str = "strict"):
@@ -59,7 +72,8 @@ class NRGPTAttention(nn.Module):
         check_int("d_model", d_model, 1)
         check_int("n_heads", n_heads, 1)
         check_int("head_dim", head_dim, 1)
-        self.mask = check_choice("mask", mask, E.MASKS)
+        self.mask = check_choice("mask", mask, MASKS)
+        self.strict = mask == "strict"  # what the pure functions take
         if not isinstance(learn_alpha, bool):
             raise ValueError(f"learn_alpha={learn_alpha!r} must be a bool")
         self.beta = check_float("beta", self.default_beta(head_dim) if beta is None else beta, 0.0, strict=True)
@@ -106,11 +120,11 @@ class NRGPTAttention(nn.Module):
     def grad_from_keys(self, g: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """``∂E_AT/∂g`` ``(B, N, d)`` of the last ``N`` positions given every position's ``keys``
         ``(B, H, S, e)``; equals :meth:`grad` on the whole sequence (no dropout)."""
-        return E.attention_force_from_keys(self.queries(g), keys, self.alpha, self.beta, self.mask, self.out_weight())
+        return E.attention_force_from_keys(self.queries(g), keys, self.alpha, self.beta, self.strict, self.out_weight())
 
     def energy_from_keys(self, g: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """Per-token ``E_AT`` ``(B, N)`` of the last ``N`` positions given every position's ``keys``."""
-        return E.attention_energy_from_keys(self.queries(g), keys, self.alpha, self.beta, self.mask)
+        return E.attention_energy_from_keys(self.queries(g), keys, self.alpha, self.beta, self.strict)
 
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}, beta={self.beta:.4g}, mask={self.mask!r}"
@@ -127,10 +141,10 @@ class FullAttention(NRGPTAttention):
         nn.init.normal_(self.J, mean=0.0, std=0.02)
 
     def grad(self, g: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
-        return E.attention_grad(g, self.J, self.alpha, self.beta, self.mask, dropout_p=dropout_p)
+        return E.attention_grad(g, self.J, self.alpha, self.beta, self.strict, dropout_p=dropout_p)
 
     def energy(self, g: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
-        return E.attention_energy(g, self.J, self.alpha, self.beta, self.mask, context=context)
+        return E.attention_energy(g, self.J, self.alpha, self.beta, self.strict, context=context)
 
     def keys(self, g: torch.Tensor) -> torch.Tensor:
         return E.attention_keys(g, self.J)
@@ -156,10 +170,10 @@ class FactoredAttention(NRGPTAttention):
         return self.q_proj.weight.view(H, dh, d), self.k_proj.weight.view(H, dh, d)
 
     def grad(self, g: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
-        return E.attention_grad_factored(g, *self._qk(), self.alpha, self.beta, self.mask, dropout_p=dropout_p)
+        return E.attention_grad_factored(g, *self._qk(), self.alpha, self.beta, self.strict, dropout_p=dropout_p)
 
     def energy(self, g: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
-        return E.attention_energy_factored(g, *self._qk(), self.alpha, self.beta, self.mask, context=context)
+        return E.attention_energy_factored(g, *self._qk(), self.alpha, self.beta, self.strict, context=context)
 
     def keys(self, g: torch.Tensor) -> torch.Tensor:
         return E.head_projection(g, self._qk()[1])
@@ -171,7 +185,7 @@ class FactoredAttention(NRGPTAttention):
         return self._qk()[0]
 
 
-class FFEnergy(nn.Module):
+class FFEnergy(_OneGroup):
     """Base class of an NRGPT feed-forward energy (per token; no context).
 
     An entry lists its projections in :attr:`projections` as ``(name, in, out)`` with sizes
@@ -184,6 +198,8 @@ class FFEnergy(nn.Module):
     """
 
     name: ClassVar[str] = ""
+    section: ClassVar[str] = "docs/nrgpt.md §3"
+    group = "ff"  # every projection's weight and bias
     projections: ClassVar[tuple[tuple[str, str, str], ...]] = ()
 
     def __init__(self, d_model: int, d_ff: int):

@@ -7,19 +7,8 @@ matrix ``η`` (``x ← x − η ∂E/∂g``, docs/nrgpt.md §4) are one idea: a 
 
 Every map is built as ``cls(d_model, scale=s, rank=r, norm=norm)`` and starts near ``s·I``
 (exactly ``s·I`` for all but ``full`` and ``psd_plus_skew``, which add small random parts). The
-entries (see each class):
-
-=====================  ==========================================  =======================
-name                   ``M``                                        symmetric / definite
-=====================  ==========================================  =======================
-``diag``               ``diag(softplus(p))``                        SPD
-``diag_lowrank``       ``diag(softplus(p)) + U Vᵀ + V Uᵀ``           symmetric, indefinite
-``diag_lowrank_psd``   ``diag(softplus(p)) + L Lᵀ``                 SPD
-``full``               a free ``d×d`` matrix                         neither
-``c_identity``         ``c·I``, ``c = softplus(c_raw)``              SPD
-``c_diag_gamma``       ``c·diag(γ)`` (γ: the norm's weight)          SPD iff γ > 0
-``psd_plus_skew``      ``L Lᵀ + S − Sᵀ``                            PSD symmetric part
-=====================  ==========================================  =======================
+entries, their ``M`` and where each is defined: ``python -m energyformer.utils.registry`` (the
+``step_map`` table of docs/architecture.md is generated from :data:`STEP_MAPS`).
 
 A map owns its parameters, its validation (:meth:`StepMap.check_options`), its defaults
 (``default_scale``, ``scale_positive``) and its weight-decay exemptions (``no_weight_decay``).
@@ -29,6 +18,7 @@ forms it for the structured maps.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import ClassVar
 
 import torch
@@ -38,9 +28,10 @@ import torch.nn.functional as F
 from energyformer._validate import check_float, check_int
 from energyformer.utils.registry import Registry
 
-__all__ = ["STEP_MAPS", "StepMap", "Preconditioner", "inv_softplus", "make_step_map"]
+__all__ = ["STEP_MAPS", "StepMap", "preconditioner", "Preconditioner", "inv_softplus", "make_step_map"]
 
-STEP_MAPS: Registry[type["StepMap"]] = Registry("step_map")
+STEP_MAPS: Registry[type["StepMap"]] = Registry(
+    "step_map", "step maps: CEM `preconditioner` and NRGPT `eta_param`", "docs/cem.md §5")
 
 
 def inv_softplus(y: float) -> float:
@@ -62,6 +53,7 @@ class StepMap(nn.Module):
     """
 
     name: ClassVar[str] = ""
+    section: ClassVar[str] = "docs/cem.md §5"
     #: default ``s`` when a model gives none (NRGPT's ``c_init``)
     default_scale: ClassVar[float] = 0.1
     #: ``s`` must be > 0 (``True``) or only >= 0
@@ -234,6 +226,8 @@ class FullMap(StepMap):
     Neither symmetric nor definite: no descent guarantee (docs/nrgpt.md §5).
     """
 
+    section = "docs/nrgpt.md §5"
+
     default_scale = 0.0
     scale_positive = False
     init_std: ClassVar[float] = 0.02
@@ -254,6 +248,8 @@ class FullMap(StepMap):
 
 class _ScalarMap(StepMap):
     """``c = softplus(c_raw)``, ``c = s`` at init."""
+
+    section = "docs/nrgpt.md §5"
 
     param_shapes = (("c_raw", ""),)
 
@@ -301,6 +297,8 @@ class PSDPlusSkewMap(StepMap):
     (docs/nrgpt.md §5, the no-norm descent condition). Init ``L ~ N(0, s/d)`` so ``E[LLᵀ] = s·I``,
     ``S ~ N(0, 0.02²)``."""
 
+    section = "docs/nrgpt.md §5"
+
     init_std: ClassVar[float] = 0.02
     param_shapes = (("L", "dd"), ("S", "dd"))
 
@@ -332,11 +330,22 @@ def make_step_map(kind: str, d_model: int, scale: float | None = None, *, rank: 
     return STEP_MAPS.get(kind, option)(d_model, scale, rank=rank, norm=norm)
 
 
-def Preconditioner(d_model: int, kind: str = "diag_lowrank", rank: int = 8, init_scale: float = 1.0) -> StepMap:
+def preconditioner(d_model: int, kind: str = "diag_lowrank", rank: int = 8, init_scale: float = 1.0) -> StepMap:
     """CEM's preconditioner ``P`` (docs/cem.md §5): :func:`make_step_map` with ``P = init_scale·I`` at init.
 
-    Kept as the name CEM users know; any registered step map works.
+    Any registered step map works (``kind``); ``rank`` is ``preconditioner_rank``.
+
+    Raises:
+        ValueError: unknown ``kind``, invalid ``rank`` or ``init_scale`` (the option names are the
+            model config's: ``preconditioner``, ``preconditioner_rank``).
     """
     STEP_MAPS.get(kind, "preconditioner").check_options(d_model=d_model, scale=init_scale, rank=rank,
                                                        rank_name="preconditioner_rank")
     return make_step_map(kind, d_model, init_scale, rank=rank, option="preconditioner")
+
+
+def Preconditioner(*args, **kwargs) -> StepMap:  # noqa: N802 - the old name, kept for users
+    """Deprecated old name of :func:`preconditioner` (a function, not a class); warns ``FutureWarning``."""
+    warnings.warn("energyformer.layers.step_maps.Preconditioner is deprecated; use preconditioner(...) "
+                  "(same arguments; it is a function returning a StepMap)", FutureWarning, stacklevel=2)
+    return preconditioner(*args, **kwargs)

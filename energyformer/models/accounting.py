@@ -43,15 +43,12 @@ def _count(params) -> int:
     return n
 
 
-def _groups(sub: nn.Module, names: tuple[str, ...]) -> dict[str, int]:
-    """Counts per accounting group of a sub-block that reports ``param_groups()`` (0 for absent groups)."""
-    groups = sub.param_groups()
-    d = {name: _count(groups.get(name, [])) for name in names}
+def _groups(sub: nn.Module) -> dict[str, int]:
+    """Counts per accounting group of a sub-block, in the order its ``param_groups()`` reports them
+    (the groups come from the option entries), then ``total``."""
+    d = {name: _count(params) for name, params in sub.param_groups().items()}
     d["total"] = _count(sub.parameters())
     return d
-
-
-_CEM_GROUPS = ("projections", "diag", "preconditioner", "step_size", "norm")
 
 
 def _llama_layer(layer: nn.Module) -> dict[str, dict[str, int]]:
@@ -85,7 +82,8 @@ def parameter_counts(cfg: ModelConfig) -> dict[str, Any]:
 
     Always: ``arch``, ``total``, ``non_embedding``, ``embedding`` (token/position tables).
     ``cem``: ``per_layer`` = ``{"attn": {...}, "mlp": {...}, "total"}`` where each sub-block dict
-    has ``projections``, ``diag``, ``preconditioner``, ``step_size``, ``norm``, ``total``;
+    has the counts of the groups its ``param_groups()`` reports (from its option entries: e.g.
+    ``projections``, ``diag`` (the interaction), ``preconditioner``, ``step_size``, ``norm``), and ``total``;
     ``baseline`` = the matching Llama's counts (same layout; None if no Llama matches);
     ``ratios`` = CEM/Llama for ``attn_projections``, ``mlp_projections``, ``layer``,
     ``non_embedding``, ``total``. ``llama``: ``per_layer`` in the same layout.
@@ -99,8 +97,7 @@ def parameter_counts(cfg: ModelConfig) -> dict[str, Any]:
     out["n_steps"] = getattr(cfg, "n_steps", None)
     if cfg.arch == "cem":
         block = model.blocks[0]
-        attn = _groups(block.attn, _CEM_GROUPS)
-        mlp = _groups(block.mlp, _CEM_GROUPS)
+        attn, mlp = _groups(block.attn), _groups(block.mlp)
         out["per_layer"] = {"attn": attn, "mlp": mlp, "total": _count(block.parameters())}
         base_cfg = _llama_baseline_config(cfg)
         if base_cfg is None:
@@ -135,21 +132,13 @@ def parameter_report(cfg: ModelConfig) -> str:
         pl, bl = c["per_layer"], c["baseline"]["per_layer"]
         lines[0] += (f"  vs Llama (d_model={cfg.d_model}, n_heads={cfg.n_heads}, "
                      f"head_dim={cfg.resolved_head_dim}, d_ff={cfg.resolved_d_ff})")
-        rows = [
-            ("per layer: attention projections", pl["attn"]["projections"], bl["attn"]["projections"]),
-            ("per layer: attention D+LR diagonal", pl["attn"]["diag"], 0),
-            ("per layer: attention preconditioner", pl["attn"]["preconditioner"], 0),
-            ("per layer: attention step sizes", pl["attn"]["step_size"], 0),
-            ("per layer: attention norm", pl["attn"]["norm"], bl["attn"]["norm"]),
-            ("per layer: MLP projections", pl["mlp"]["projections"], bl["mlp"]["projections"]),
-            ("per layer: MLP preconditioner", pl["mlp"]["preconditioner"], 0),
-            ("per layer: MLP step sizes", pl["mlp"]["step_size"], 0),
-            ("per layer: MLP norm", pl["mlp"]["norm"], bl["mlp"]["norm"]),
-            ("per layer: total", pl["total"], bl["total"]),
-            ("embedding", c["embedding"], c["baseline"]["embedding"]),
-            ("non-embedding", c["non_embedding"], c["baseline"]["non_embedding"]),
-            ("total", c["total"], c["baseline"]["total"]),
-        ]
+        rows = [(f"per layer: {label} {group.replace('_', ' ')}", n, bl[sub].get(group, 0))
+                for sub, label in (("attn", "attention"), ("mlp", "MLP"))
+                for group, n in pl[sub].items() if group != "total"]
+        rows += [("per layer: total", pl["total"], bl["total"]),
+                 ("embedding", c["embedding"], c["baseline"]["embedding"]),
+                 ("non-embedding", c["non_embedding"], c["baseline"]["non_embedding"]),
+                 ("total", c["total"], c["baseline"]["total"])]
         w = max(len(r[0]) for r in rows)
         lines.append(f"{'':<{w}}  {'cem':>12}  {'llama':>12}  {'ratio':>6}")
         for name, a, b in rows:

@@ -24,11 +24,10 @@ import torch
 import torch.nn as nn
 
 from energyformer._validate import check_choice, check_float, check_int, check_width
-from energyformer.energies.nrgpt import MASKS
 from energyformer.layers.kv_cache import cache_length
 from energyformer.layers.norms import LayerNorm, canonical_norm
 from energyformer.layers.nrgpt import NRGPTBlock
-from energyformer.layers.nrgpt_options import FF_ENERGIES, NRGPT_ATTENTIONS
+from energyformer.layers.nrgpt_options import FF_ENERGIES, MASKS, NRGPT_ATTENTIONS
 from energyformer.layers.nrgpt_recurrent import NRGPTRecurrent
 from energyformer.layers.step_maps import STEP_MAPS
 from energyformer.models.base import LearnedPositionLM

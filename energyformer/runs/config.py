@@ -274,7 +274,8 @@ class RunConfig:
 # --------------------------------------------------------------------------------------------
 
 def load_config(path_or_dict: str | Path | Mapping[str, Any], overrides: Sequence[str] = (),
-                resolve_vocab: bool = False, default_vocab_size: int | None = None) -> RunConfig:
+                resolve_vocab: bool = False, default_vocab_size: int | None = None,
+                imports: Sequence[str] = ()) -> RunConfig:
     """Build a :class:`RunConfig` from a YAML recipe (or dict) plus command-line overrides.
 
     Args:
@@ -292,6 +293,9 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any], overrides: Sequenc
         default_vocab_size: with ``resolve_vocab``, the vocab size to use when that ``meta.json``
             does not exist (e.g. to inspect a recipe before the data is prepared); ``None`` makes
             a missing ``meta.json`` an error.
+        imports: plugin modules added to the recipe's top-level ``imports:`` list. All of them
+            are imported (:func:`~energyformer.utils.plugins.load_plugins`) before the model
+            section is read, and the returned config keeps them (``save_config`` writes them).
 
     Returns:
         the validated run config (every ``None`` default that depends on other fields resolved).
@@ -299,7 +303,7 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any], overrides: Sequenc
     Raises:
         FileNotFoundError: the recipe file (or a base recipe) or, with ``resolve_vocab``, the
             data meta.json is missing.
-        ValueError: one line naming the key: malformed YAML or override, an inheritance cycle,
+        ValueError: one line naming the key: a plugin module that fails to import, malformed YAML or override, an inheritance cycle,
             unknown section/key (with the valid ones and a "did you mean"), a value of the wrong
             type (with the expected type) or an invalid value (from the dataclass).
         SystemExit: ``--help`` among the overrides (status 0, after printing the help).
