@@ -36,8 +36,13 @@ def run_experiment(name: str, seeds: int | None = None, quick: bool = False, res
     """
     from energyformer.experiments.common import Context
 
-    check_choice("experiment", name, EXPERIMENTS)
     check_choice("profile", profile, PROFILES)
+    if profile == "paper":
+        from energyformer.experiments.profiles import profiles
+
+        check_choice("experiment", name, tuple(profiles()))
+    else:
+        check_choice("experiment", name, EXPERIMENTS)
     if seeds is not None:
         check_int("seeds", seeds, 1)
     ctx = Context(name=name, seeds=seeds, quick=quick, results_dir=Path(results_dir), work_dir=Path(work_dir),

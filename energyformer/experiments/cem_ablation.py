@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from energyformer.experiments.common import (Context, char_data, converged_cell, convergence, lr_sweep,
-                                             markdown_table, plot_learning_curves, pm, record_dir, resolve, schedule,
+from energyformer.experiments.common import (Context, char_data, converged_cell, convergence, count_floors,
+                                             floors_table, lr_sweep, markdown_table, plot_learning_curves, pm, record_dir, resolve, schedule,
                                              sweep_table, train_or_resume, write_results)
 
 #: label -> (recipe under configs/, LR family, default seeds)
@@ -74,11 +74,9 @@ def run(ctx: Context) -> dict[str, Any]:
                           "convergence": convs}
         rows.append([label, f"{lr:g}", pm(finals), f"{summaries[0].get('params', 0):,}", len(finals),
                      converged_cell(convs)])
-    floors = _floors(ctx)
+    floors = count_floors(char_data(ctx), ctx)
     table = markdown_table(["model", "LR", "val loss (nats/char)", "params", "seeds", "converged"], rows)
-    if floors:
-        table += "\n\n" + markdown_table(["floor", "val loss (nats/char)"],
-                                         [[k, f"{v:.4f}"] for k, v in floors.items()])
+    table += "\n\n" + floors_table(floors, "val loss (nats/char)")
     plot_learning_curves(ctx, groups, "loss_curves.png", floors=floors, ylabel="val loss (nats/char)")
     header = ("CEM ablations on Shakespeare-char (d_model 128, 4 layers, 4,000 steps × 32 × 128 tokens), "
               "final validation loss (after the cooldown), mean ± std over seeds. Converged: the fitted val loss "
@@ -86,12 +84,3 @@ def run(ctx: Context) -> dict[str, Any]:
     return write_results(ctx, table, {"rows": results, "floors": floors, "lr_sweeps": list(sweeps.values())},
                          header, "LR sweeps (seed 1, final val loss):\n\n" + sweep_table(list(sweeps.values())))
 
-
-def _floors(ctx: Context) -> dict[str, float]:
-    """Unigram and bigram count-model losses of the corpus the runs used."""
-    from energyformer.eval.floors import dataset_count_floors
-
-    data = char_data(ctx)
-    path = f"{data['root']}/{data['dataset']}" if data else f"{ctx.data_root}/shakespeare_char"
-    floors = dataset_count_floors(path)
-    return {"unigram count model": floors["unigram"], "bigram count model": floors["bigram"]}

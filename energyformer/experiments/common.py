@@ -93,8 +93,8 @@ class Context:
 
     @property
     def out(self) -> Path:
-        """``results_dir/NAME``."""
-        return Path(self.results_dir) / self.name
+        """``results_dir/NAME`` (``NAME-paper`` for the paper profile)."""
+        return Path(self.results_dir) / (self.name + ("" if self.profile == "cpu" else f"-{self.profile}"))
 
     @property
     def records(self) -> Path:
@@ -103,8 +103,9 @@ class Context:
 
     @property
     def runs(self) -> Path:
-        """``work_dir/NAME`` (``-quick`` appended in quick mode)."""
-        return Path(self.work_dir) / (self.name + ("-quick" if self.quick else ""))
+        """``work_dir/NAME`` (``-paper`` for the paper profile, ``-quick`` appended in quick mode)."""
+        return Path(self.work_dir) / (self.name + ("" if self.profile == "cpu" else f"-{self.profile}")
+                                      + ("-quick" if self.quick else ""))
 
     def say(self, msg: str) -> None:
         if self.verbose:
@@ -142,8 +143,7 @@ def resolve(ctx: Context, recipe: str, *overrides: Mapping[str, Any], data: Mapp
         cfg["data"] = dict(data)
     else:
         cfg["data"] = {**cfg.get("data", {}), "root": str(ctx.data_root)}
-    if ctx.profile == "cpu":
-        cfg.setdefault("train", {})["device"] = "cpu"
+    cfg.setdefault("train", {})["device"] = "cpu" if ctx.profile == "cpu" else "auto"
     return cfg
 
 
@@ -224,6 +224,7 @@ def train_or_resume(ctx: Context, run: str, cfg: Mapping[str, Any], keep_weights
             ctx.say(f"  {run}: finished earlier, reusing {where}")
             return _read_outcome(where)
     run_cfg = load_config(cfg, resolve_vocab=True)
+    _set_aside_stale(ctx, out, cfg)
     n_threads = torch.get_num_threads()
     try:
         summary = _train(run_cfg)
@@ -239,6 +240,26 @@ def train_or_resume(ctx: Context, run: str, cfg: Mapping[str, Any], keep_weights
         ctx.say(f"  {run}: best val {summary['best_val_loss']:.4f}, {summary['params']:,} params, "
                 f"{summary['minutes']:.1f} min")
     return summary
+
+
+def _set_aside_stale(ctx: Context, out: Path, cfg: Mapping[str, Any]) -> None:
+    """Move a work directory holding a run of another config (an older protocol) to ``<out>.stale``,
+    so the new run starts clean; an unfinished run of the same config stays and is resumed."""
+    if not (out / CONFIG_FILE).is_file():
+        return
+    try:
+        saved = read_run_config(out)
+    except (ValueError, FileNotFoundError):
+        saved = None
+    want = load_config(dict(cfg), resolve_vocab=True)
+    if saved is not None and saved.model == want.model and \
+            _comparable(saved.to_dict()["train"]) == _comparable(want.to_dict()["train"]):
+        return
+    stale = out.with_name(out.name + ".stale")
+    if stale.exists():
+        shutil.rmtree(stale)
+    out.rename(stale)
+    ctx.say(f"  {out.name}: the work directory held a run of another config; moved it to {stale}")
 
 
 def _train(run_cfg) -> dict[str, Any]:
@@ -379,7 +400,8 @@ def markdown_table(head: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
 def command_line(ctx: Context) -> str:
     """The command that reproduces this experiment's table."""
     seeds = "" if ctx.seeds is None else f" --seeds {ctx.seeds}"
-    return f"energyformer experiment {ctx.name}{seeds}"
+    profile = "" if ctx.profile == "cpu" else f" --profile {ctx.profile}"
+    return f"energyformer experiment {ctx.name}{seeds}{profile}"
 
 
 def write_results(ctx: Context, table: str, results: dict[str, Any], header: str = "",
@@ -450,6 +472,21 @@ def plot_learning_curves(ctx: Context, groups: Mapping[str, Sequence[Path]], fil
     return save_figure(ctx, fig, file_name)
 
 
+def count_floors(data: Mapping[str, Any] | None, ctx: Context, dataset: str = "shakespeare_char") -> dict[str, float]:
+    """The unigram and bigram count-model validation losses (nats/token) of the corpus of a run's
+    ``data`` section (``None``: the prepared ``dataset`` under ``ctx.data_root``), as table floors."""
+    from energyformer.eval.floors import dataset_floors
+
+    path = Path(data["root"]) / data["dataset"] if data else Path(ctx.data_root) / dataset
+    floors = dataset_floors(path)
+    return {"unigram count model": float(floors["unigram"]), "bigram count model": float(floors["bigram"])}
+
+
+def floors_table(floors: Mapping[str, float], unit: str) -> str:
+    """A two-column Markdown table of floors."""
+    return markdown_table(["floor", unit], [[k, f"{v:.4f}"] for k, v in floors.items()])
+
+
 def quick_text() -> str:
     """A small offline English text for quick runs: the docstrings of this package (about 100 kB)."""
     import importlib
@@ -486,7 +523,7 @@ def char_data(ctx: Context, dataset: str = "shakespeare_char") -> dict[str, Any]
     return {"dataset": out.name, "root": str(out.parent)}
 
 
-__all__ = ["CONFIGS", "Context", "QUICK", "char_data", "convergence", "converged_cell", "finish_axes",
+__all__ = ["CONFIGS", "Context", "QUICK", "char_data", "convergence", "count_floors", "floors_table", "converged_cell", "finish_axes",
            "lr_sweep", "markdown_table", "mean_std", "plot_learning_curves", "pm", "pyplot", "quick_text",
            "record_dir", "resolve", "same_config", "save_figure", "schedule", "sweep_table", "train_or_resume",
            "val_curve", "write_results"]

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from energyformer.experiments.common import (Context, char_data, converged_cell, convergence, finish_axes, lr_sweep,
+from energyformer.experiments.common import (Context, char_data, converged_cell, convergence, count_floors,
+                                             finish_axes, floors_table, lr_sweep,
                                              markdown_table, plot_learning_curves, pm, pyplot, record_dir, resolve,
                                              save_figure, schedule, sweep_table, train_or_resume, write_results)
 
@@ -97,13 +98,14 @@ def run(ctx: Context) -> dict[str, Any]:
             per_seed.append({"trace": entry, "best_val_loss": summary["best_val_loss"],
                              "final_val_loss": summary["final_val_loss"], "convergence": convergence(where)})
         results[label] = {"lr": sweep["best_lr"], "seeds": per_seed}
-    table = _table(results)
-    _plots(ctx, results, curves, groups)
+    floors = count_floors(char_data(ctx), ctx)
+    table = _table(results) + "\n\n" + floors_table(floors, "val loss (nats/char)")
+    _plots(ctx, results, curves, groups, floors)
     header = (f"Energy descent of NRGPT per token (total energy E_AT + s_ff E_FF), {len(ctx.seed_list(DEFAULT_SEEDS))} "
               "seed(s), trained with 4 steps: fraction of tokens whose energy never rises after step s. "
               "Converged: the fitted val loss fell < 1% over the last 30% of the pre-cooldown steps "
               "(slope in nats/char per 1k steps).")
-    return write_results(ctx, table, {"rows": _jsonable(results), "lr_sweeps": sweeps},
+    return write_results(ctx, table, {"rows": _jsonable(results), "lr_sweeps": sweeps, "floors": floors},
                          header, "LR sweeps (seed 1, final val loss):\n\n" + sweep_table(sweeps))
 
 
@@ -120,7 +122,7 @@ def _table(results: dict[str, Any]) -> str:
                            "from 1", "from S/2", "last step"], rows)
 
 
-def _plots(ctx: Context, results: dict[str, Any], curves: dict[str, np.ndarray], groups) -> None:
+def _plots(ctx: Context, results: dict[str, Any], curves: dict[str, np.ndarray], groups, floors) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 4), squeeze=False)
     for ax, (label, e) in zip(axes.flat, curves.items()):
@@ -137,7 +139,7 @@ def _plots(ctx: Context, results: dict[str, Any], curves: dict[str, np.ndarray],
     ax.set_ylim(-0.02, 1.02)
     finish_axes(ax, f"s (monotone from step s on, {TRACE_STEPS[-1]} steps)", "fraction of tokens")
     save_figure(ctx, fig, "monotone_fraction.png")
-    plot_learning_curves(ctx, groups, ylabel="val loss (nats/char)")
+    plot_learning_curves(ctx, groups, floors=floors, ylabel="val loss (nats/char)")
 
 
 def _jsonable(results: dict[str, Any]) -> dict[str, Any]:

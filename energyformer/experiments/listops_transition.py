@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from energyformer.experiments.common import (Context, converged_cell, convergence, markdown_table, mean_std,
+from energyformer.experiments.common import (Context, converged_cell, convergence, markdown_table,
                                              plot_learning_curves, record_dir, resolve, train_or_resume,
                                              write_results)
 
@@ -55,7 +55,7 @@ def config(ctx: Context, recipe: str, width: int, seed: int) -> dict[str, Any]:
              "eval_interval": steps // 50, "log_interval": 50, "seed": seed}
     quick = {"model": {"block_size": 64}, "train": {"lr_decay_steps": 200}} if ctx.quick else {}
     return resolve(ctx, recipe, {"model": {"d_model": width}, "train": train}, quick, data=data_section(ctx),
-                   swept=("d_model",))
+                   swept=("d_model", "block_size"))
 
 
 def transition(points: list[tuple[int, float]], level: float = 0.8) -> int | None:
@@ -66,14 +66,37 @@ def transition(points: list[tuple[int, float]], level: float = 0.8) -> int | Non
 
 def _score(ctx: Context, name: str, problems, data_dir: str) -> dict[str, Any]:
     from energyformer.data import load_tokenizer
+    from energyformer.data.meta import load_meta
     from energyformer.runs.rundir import load_run
-    from energyformer.tasks.listops import evaluate_listops
+    from energyformer.tasks.listops import listops_report
 
     where = record_dir(ctx, name)
     net, _, meta = load_run(where)
-    ev = evaluate_listops(net, load_tokenizer(meta), problems)
-    return {"accuracy": ev["accuracy"], "stderr": ev["stderr"], "per_function": ev["per_function"],
-            "convergence": convergence(where), "dir": where}
+    ev = listops_report(net, load_tokenizer(meta), problems, settings=load_meta(data_dir)["settings"],
+                        single_function=10 if ctx.quick else 100)
+    keep = ("accuracy", "stderr", "per_function", "end_token_rate", "answer_loss", "chance", "floor", "single_function")
+    return {**{k: ev[k] for k in keep}, "convergence": convergence(where), "dir": where}
+
+
+def _row(label: str, width: int, params: int, ev: dict[str, Any], final: float) -> list[Any]:
+    single = " / ".join(f"{f} {r['accuracy']:.2f}" for f, r in sorted(ev["single_function"].items()))
+    return [label, width, f"{params:,}", f"{ev['accuracy']:.3f} ± {ev['stderr']:.3f}", f"{ev['end_token_rate']:.3f}",
+            f"{ev['answer_loss']['loss']:.4f}", f"{final:.4f}", converged_cell([ev["convergence"]]), single]
+
+
+HEAD = ["model", "d_model", "params", "accuracy ± s.e.", "end-token rate", "loss after first =", "val loss",
+        "converged", "single-function accuracy"]
+
+
+def _floors_table(ev: dict[str, Any]) -> str:
+    chance, floor = ev["chance"], ev["floor"]
+    rows = [[f"accuracy of always answering {chance['majority']['answer']} (majority)",
+             f"{chance['majority']['accuracy']:.3f}"],
+            ["accuracy of the majority answer per root function", f"{chance['majority_per_function']['accuracy']:.3f}"],
+            ["generator entropy floor, all tokens (nats/token)", f"{floor['all_tokens']:.4f}"],
+            ["generator entropy floor, expression tokens (nats/token)", f"{floor['problem_tokens']:.4f}"],
+            ["generator entropy floor, tokens after the first = (nats/token)", f"{floor['after_first_eq']:.4f}"]]
+    return markdown_table(["floor on the same problems", "value"], rows)
 
 
 def run(ctx: Context) -> dict[str, Any]:
@@ -88,8 +111,7 @@ def run(ctx: Context) -> dict[str, Any]:
     summary = train_or_resume(ctx, pilot_name, config(ctx, MODELS["GPT_Rec_parallel"], width, 1), keep_weights=True)
     pilot = {**_score(ctx, pilot_name, problems, data_dir), "params": summary["params"],
              "final_val_loss": summary["final_val_loss"]}
-    rows = [["GPT_Rec_parallel (pilot)", width, f"{pilot['params']:,}", f"{pilot['accuracy']:.3f} ± {pilot['stderr']:.3f}",
-             f"{pilot['final_val_loss']:.4f}", converged_cell([pilot["convergence"]])]]
+    rows = [_row("GPT_Rec_parallel (pilot)", width, pilot["params"], pilot, pilot["final_val_loss"])]
     groups = {"pilot": [pilot.pop("dir")]}
     sweep: dict[str, list[dict[str, Any]]] = {}
     if pilot["accuracy"] >= 0.8:
@@ -101,9 +123,8 @@ def run(ctx: Context) -> dict[str, Any]:
                 groups.setdefault(label, []).append(ev.pop("dir"))
                 sweep.setdefault(label, []).append({"width": w, "params": s["params"], **ev,
                                                     "final_val_loss": s["final_val_loss"]})
-                rows.append([label, w, f"{s['params']:,}", f"{ev['accuracy']:.3f} ± {ev['stderr']:.3f}",
-                             f"{s['final_val_loss']:.4f}", converged_cell([ev["convergence"]])])
-    table = markdown_table(["model", "d_model", "params", "accuracy ± s.e.", "val loss", "converged"], rows)
+                rows.append(_row(label, w, s["params"], ev, s["final_val_loss"]))
+    table = markdown_table(HEAD, rows) + "\n\n" + _floors_table(pilot)
     if sweep:
         trans = {m: transition([(r["params"], r["accuracy"]) for r in rs]) for m, rs in sweep.items()}
         table += "\n\n" + markdown_table(["model", "≥80% transition (params)"],
@@ -115,8 +136,7 @@ def run(ctx: Context) -> dict[str, Any]:
     plot_learning_curves(ctx, groups, "curves.png", ylabel="val loss (nats/token)")
     header = (f"ListOps held-out accuracy (greedy final answer, {len(problems)} test problems, ± standard error, 1 seed), "
               f"{PILOT_STEPS:,} steps with the reference's {DECAY_HORIZON:,}-iteration decay horizon.")
-    return write_results(ctx, table, {"pilot": pilot, "widths": sweep, "mean_acc": mean_std([pilot["accuracy"]])[0]},
-                         header, verdict)
+    return write_results(ctx, table, {"pilot": pilot, "widths": sweep}, header, verdict)
 
 
 __all__ = ["run", "transition"]

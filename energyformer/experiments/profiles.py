@@ -247,3 +247,77 @@ def pack(runs: Sequence[ProfileRun], n_slots: int, root: str | Path | None = Non
         slots[i].append(run)
         loads[i] += cost
     return slots
+
+
+def _evaluate(run: ProfileRun, run_dir: Path, data_dir: Path, quick: bool) -> dict[str, Any]:
+    """Run ``run.evals`` on the trained ``run_dir``: ListOps reports, lm-eval tasks."""
+    out: dict[str, Any] = {}
+    for ev in run.evals:
+        if ev["kind"] == "listops":
+            from energyformer.data import load_tokenizer
+            from energyformer.data.listops import read_test
+            from energyformer.data.meta import load_meta
+            from energyformer.runs.rundir import load_run
+            from energyformer.tasks.listops import listops_report
+
+            model, _, meta = load_run(run_dir, device="cuda" if torch_cuda() else "cpu")
+            problems = read_test(data_dir)[: ev.get("n_test", 100)]
+            rep = listops_report(model, load_tokenizer(meta), problems, settings=load_meta(data_dir)["settings"],
+                                 single_function=ev.get("single_function"))
+            out["listops"] = {k: rep[k] for k in ("accuracy", "stderr", "end_token_rate", "single_function")}
+        elif ev["kind"] == "lm_eval":
+            from energyformer.eval.suite import evaluate_run
+
+            rep = evaluate_run(run_dir, ev["tasks"], num_fewshot=ev.get("num_fewshot", 5),
+                               limit=2 if quick else None, device="cuda" if torch_cuda() else "cpu")
+            out[f"lm_eval:{ev['tasks']}"] = rep["tasks"]
+    return out
+
+
+def torch_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def run_profile(ctx) -> dict[str, Any]:
+    """Train and evaluate every run of ``ctx.name``'s paper profile (``energyformer experiment NAME
+    --profile paper``), one after the other in this process (under ``torchrun`` each run uses
+    every rank, with the global batch kept by :meth:`ProfileRun.for_world_size`); finished runs
+    are reused (:func:`energyformer.experiments.common.train_or_resume`). Writes
+    ``results/NAME-paper/{table.md, results.json}``.
+
+    Raises:
+        ValueError: an experiment without a paper profile.
+        FileNotFoundError: a corpus the profile reads is not prepared under ``ctx.data_root``.
+    """
+    import os
+
+    from energyformer.experiments.common import markdown_table, train_or_resume, write_results
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    runs = [r.for_world_size(world) if world > 1 else r for r in profile_runs(ctx.name, "paper")]
+    if ctx.quick:  # one run per group (model), a few steps each: the pipeline, not the protocol
+        runs = list({r.group: r for r in reversed(runs)}.values())
+    rows, results = [], {}
+    for run in runs:
+        cfg = run.load_config(data_root=ctx.data_root).to_dict()
+        if ctx.quick:  # the pipeline at a tiny width: a few steps
+            cfg["model"].update({k: v for k, v in {"d_model": 16, "n_layers": 2, "d_ff": 48}.items()
+                                 if k in cfg["model"]})
+            cfg["model"]["n_heads"] = 2 if "n_heads" in cfg["model"] else cfg["model"].get("n_heads")
+            cfg["train"].update({"max_steps": 2, "batch_size": 2, "grad_accum_steps": 1, "eval_interval": 1,
+                                 "eval_iters": 1, "warmup_steps": 0, "lr_decay_steps": 2})
+        summary = train_or_resume(ctx, run.name, cfg, keep_weights=True)
+        from energyformer.experiments.common import record_dir
+        from energyformer.runs.config import load_config as _load
+
+        data_dir = _load(cfg, resolve_vocab=True).data.path
+        evals = _evaluate(run, record_dir(ctx, run.name), Path(data_dir), ctx.quick)
+        results[run.name] = {"summary": summary, "evals": evals, "group": run.group}
+        acc = evals.get("listops", {}).get("accuracy")
+        rows.append([run.name, f"{summary.get('params', 0):,}", f"{summary.get('final_val_loss', float('nan')):.4f}",
+                     "–" if acc is None else f"{acc:.3f}"])
+    table = markdown_table(["run", "params", "final val loss", "ListOps accuracy"], rows)
+    return write_results(ctx, table, {"profile": "paper", "runs": results},
+                         f"{ctx.name}, the paper profile ({len(runs)} runs).")

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from energyformer.experiments.common import (Context, char_data, converged_cell, convergence, finish_axes, lr_sweep,
+from energyformer.experiments.common import (Context, char_data, converged_cell, convergence, count_floors,
+                                             finish_axes, floors_table, lr_sweep,
                                              markdown_table, plot_learning_curves, pm, pyplot, record_dir, resolve,
                                              save_figure, schedule, sweep_table, train_or_resume, write_results)
 
@@ -77,14 +78,16 @@ def run(ctx: Context) -> dict[str, Any]:
                          pm([g["gap"] for g in got]), converged_cell([g["convergence"] for g in got])])
     table = markdown_table(["model", "d_model", "params", "LR", "best val loss", "final val loss",
                             "val − train (final)", "converged"], rows)
-    _plots(ctx, results, groups)
+    floors = count_floors(data, ctx)
+    table += "\n\n" + floors_table(floors, "val loss (nats/char)")
+    _plots(ctx, results, groups, floors)
     header = (f"Overfitting on a {SLICE_BYTES / 1e6:.1f} MB Shakespeare-char slice (dropout 0.1, ≈ 50 epochs); losses "
               "in nats per character. A positive val − train gap that grows with width is overfitting.")
-    return write_results(ctx, table, {"rows": results, "lr_sweeps": sweeps}, header,
+    return write_results(ctx, table, {"rows": results, "lr_sweeps": sweeps, "floors": floors}, header,
                          "LR sweeps (d_model 128, seed 1, final val loss):\n\n" + sweep_table(sweeps))
 
 
-def _plots(ctx: Context, results: dict[str, Any], groups) -> None:
+def _plots(ctx: Context, results: dict[str, Any], groups, floors) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for label, rs in results.items():
@@ -96,4 +99,4 @@ def _plots(ctx: Context, results: dict[str, Any], groups) -> None:
         ax.set_title(title, fontsize=10)
         finish_axes(ax, "parameters", logx=True)
     save_figure(ctx, fig, "scaling.png")
-    plot_learning_curves(ctx, groups, "curves.png", ylabel="val loss (nats/char)")
+    plot_learning_curves(ctx, groups, "curves.png", floors=floors, ylabel="val loss (nats/char)")
