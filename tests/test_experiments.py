@@ -100,7 +100,25 @@ def test_lr_sweep_picks_lowest_and_a_diverged_run_loses(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "train_or_resume", lambda ctx, name, cfg: outcomes[cfg["lr"]])
     got = lr_sweep(ctx, "fam", lambda lr, steps: {"lr": lr}, (3e-4, 1e-3, 3e-3), 10)
     assert got["best_lr"] == 1e-3 and got["final_val_loss"][2] == float("inf")
+    assert got["lrs"] == [3e-4, 1e-3, 3e-3]  # the best is inside the grid: no extension
     assert "diverged" in common.sweep_table([got])
+
+
+def test_lr_sweep_extends_past_an_edge(tmp_path, monkeypatch):
+    """The best LR at the top of the grid: one more value above; it stops once that loses."""
+    ctx = Context("x", work_dir=tmp_path, results_dir=tmp_path / "r", verbose=False)
+    losses = {1e-4: 3.0, 3e-4: 2.5, 1e-3: 2.2, 3e-3: 2.0, 1e-2: 2.1, 3e-2: 9.0}
+    asked = []
+
+    def fake(ctx, name, cfg):
+        asked.append(cfg["lr"])
+        return {"final_val_loss": losses[cfg["lr"]]}
+
+    monkeypatch.setattr(common, "train_or_resume", fake)
+    got = lr_sweep(ctx, "fam", lambda lr, steps: {"lr": lr}, (3e-4, 1e-3, 3e-3), 10)
+    assert got["best_lr"] == 3e-3 and got["lrs"] == [3e-4, 1e-3, 3e-3, 1e-2] and 3e-2 not in asked
+    got = lr_sweep(ctx, "fam", lambda lr, steps: {"lr": lr}, (1e-3, 3e-3, 1e-2), 10)
+    assert got["best_lr"] == 3e-3 and got["lrs"] == [1e-3, 3e-3, 1e-2]  # no edge: no extension
 
 
 def test_same_config_ignores_run_time_options_only(tmp_path):

@@ -279,22 +279,51 @@ def _read_outcome(run_dir: Path) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 def lr_sweep(ctx: Context, family: str, make_cfg: Callable[[float, int], dict[str, Any]],
-             lrs: Sequence[float], steps: int) -> dict[str, Any]:
+             lrs: Sequence[float], steps: int, max_extend: int = 2) -> dict[str, Any]:
     """Train ``make_cfg(lr, steps)`` (seed 1) for every ``lr`` and pick the one with the lowest
-    final validation loss (a diverged run loses).
+    final validation loss (a diverged run loses). When the best is the largest or the smallest LR
+    tried, the sweep extends by one more value in that direction (the grid's ratio), at most
+    ``max_extend`` times, so the chosen LR is never at the edge of what was tried unless the
+    extension stops improving.
 
     Returns:
-        ``{"family", "steps", "lrs", "final_val_loss" (per lr; inf when diverged), "best_lr"}``.
+        ``{"family", "steps", "lrs" (ascending), "final_val_loss" (per lr; inf when diverged),
+        "best_lr"}``.
     """
-    losses = []
+    tried: dict[float, float] = {}
+
+    def loss_at(lr: float) -> float:
+        if lr not in tried:
+            s = train_or_resume(ctx, f"sweep_{family}_lr{lr:g}", make_cfg(lr, steps))
+            v = math.inf if s.get("diverged") else float(s["final_val_loss"])
+            tried[lr] = v if math.isfinite(v) else math.inf
+        return tried[lr]
+
     for lr in lrs:
-        s = train_or_resume(ctx, f"sweep_{family}_lr{lr:g}", make_cfg(lr, steps))
-        v = math.inf if s.get("diverged") else float(s["final_val_loss"])
-        losses.append(v if math.isfinite(v) else math.inf)
-    best = lrs[min(range(len(lrs)), key=lambda i: losses[i])]
-    ctx.say(f"  LR sweep {family}: " + ", ".join(f"{lr:g} → {v:.4f}" for lr, v in zip(lrs, losses))
-            + f"; using {best:g}")
-    return {"family": family, "steps": steps, "lrs": list(lrs), "final_val_loss": losses, "best_lr": best}
+        loss_at(lr)
+    for _ in range(max_extend if len(lrs) > 1 else 0):
+        grid = sorted(tried)
+        best = min(grid, key=lambda lr: tried[lr])
+        if best == grid[-1]:
+            loss_at(_half_decade(best, up=True))
+        elif best == grid[0]:
+            loss_at(_half_decade(best, up=False))
+        else:
+            break
+    grid = sorted(tried)
+    best = min(grid, key=lambda lr: tried[lr])
+    ctx.say(f"  LR sweep {family}: " + ", ".join(f"{lr:g} → {tried[lr]:.4f}" for lr in grid) + f"; using {best:g}")
+    return {"family": family, "steps": steps, "lrs": grid, "final_val_loss": [tried[lr] for lr in grid], "best_lr": best}
+
+
+def _half_decade(lr: float, up: bool) -> float:
+    """The next value of the 1-3-10 grid above (or below) ``lr``: 3e-3 → 1e-2, 1e-3 → 3e-4."""
+    exp = math.floor(math.log10(lr) + 1e-9)
+    steps = [(1, exp), (3, exp), (1, exp + 1)] if up else [(3, exp - 1), (1, exp), (3, exp)]
+    cands = [m * 10.0 ** e for m, e in steps]
+    pick = [c for c in cands if (c > lr * 1.05 if up else c < lr / 1.05)]
+    value = min(pick) if up else max(pick)
+    return float(f"{value:.3g}")
 
 
 def sweep_table(sweeps: Sequence[Mapping[str, Any]]) -> str:
