@@ -145,3 +145,27 @@ def test_experiment_errors(tmp_path, capsys):
     assert main(["experiment", "listops_transition", "--seeds", "1", "--data-root", str(tmp_path / "none"),
                  "--work-dir", str(tmp_path / "w"), "--results-dir", str(tmp_path / "r")]) == 2
     assert "energyformer prepare listops" in capsys.readouterr().err
+
+
+def test_an_unfinished_run_resumes_from_its_recorded_partial(tmp_path, capsys):
+    """record_partial keeps the checkpoint of a run cut short; a fresh work directory resumes it."""
+    from energyformer.experiments import energy_descent
+    from energyformer.experiments.common import record_partial, train_or_resume
+
+    ctx = Context("energy_descent", seeds=1, quick=True, work_dir=tmp_path / "w", verbose=True)
+    cfg = energy_descent.config(ctx, "full", 1e-3, 20, 1)
+    short = {**cfg, "train": {**cfg["train"], "max_steps": 10}}  # the same run, stopped at step 10
+    from energyformer.runs.config import load_config
+    from energyformer.train import train
+
+    run = ctx.runs / "r"
+    train(load_config({**short, "train": {**short["train"], "out_dir": str(run)}}, resolve_vocab=True), progress=False)
+    (run / "summary.json").unlink()  # as if killed after its last checkpoint
+    assert record_partial(ctx, "r") is not None
+    shutil.rmtree(run)
+    capsys.readouterr()
+    train_or_resume(ctx, "r", short)
+    said = capsys.readouterr().out
+    assert "resuming the recorded partial run" in said and not (ctx.out / "partial" / "r").exists()
+    summary = json.loads((ctx.records / "r" / "summary.json").read_text())
+    assert summary["resumed_from"] == 10 and summary["steps_this_run"] == 0

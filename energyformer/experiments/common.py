@@ -36,8 +36,8 @@ import torch
 
 from energyformer.runs.config import load_config
 from energyformer.runs.recipe import deep_merge, read_recipe
-from energyformer.runs.rundir import (CONFIG_FILE, META_FILE, METRICS_FILE, SUMMARY_FILE, read_run_config,
-                                      read_summary)
+from energyformer.runs.rundir import (CONFIG_FILE, MARKER_FILE, META_FILE, METRICS_FILE, SUMMARY_FILE,
+                                      read_run_config, read_summary)
 from energyformer.utils.io import atomic_write_json, atomic_write_text
 
 #: the recipe folder of the repository (experiments are defined as recipes + overrides)
@@ -225,6 +225,7 @@ def train_or_resume(ctx: Context, run: str, cfg: Mapping[str, Any], keep_weights
             return _read_outcome(where)
     run_cfg = load_config(cfg, resolve_vocab=True)
     _set_aside_stale(ctx, out, cfg)
+    _restore_partial(ctx, run, cfg)
     n_threads = torch.get_num_threads()
     try:
         summary = _train(run_cfg)
@@ -234,12 +235,69 @@ def train_or_resume(ctx: Context, run: str, cfg: Mapping[str, Any], keep_weights
     finally:
         torch.set_num_threads(n_threads)
     _save_record(ctx, run, keep_weights)
+    if (ctx.out / PARTIAL_DIR / run).exists():
+        shutil.rmtree(ctx.out / PARTIAL_DIR / run)
     if summary.get("diverged"):
         ctx.say(f"  {run}: diverged ({summary['message']})")
     else:
         ctx.say(f"  {run}: best val {summary['best_val_loss']:.4f}, {summary['params']:,} params, "
                 f"{summary['minutes']:.1f} min")
     return summary
+
+
+PARTIAL_DIR = "partial"
+
+
+def record_partial(ctx: Context, run: str) -> Path | None:
+    """Copy the committed checkpoint of an unfinished run in the work directory into
+    ``results/NAME/partial/<run>/`` (config, meta, metrics, marker and the checkpoint folder), so a
+    later call on a fresh checkout resumes it instead of starting over; ``None`` if there is none."""
+    from energyformer.runs.checkpoint import checkpoint_dir, find_checkpoint
+
+    src = ctx.runs / run
+    marker = find_checkpoint(src)
+    if marker is None or (src / SUMMARY_FILE).is_file():
+        return None
+    dst = ctx.out / PARTIAL_DIR / run
+    if dst.exists():
+        shutil.rmtree(dst)
+    dst.mkdir(parents=True)
+    for f in (CONFIG_FILE, META_FILE, METRICS_FILE, MARKER_FILE):
+        if (src / f).is_file():
+            shutil.copyfile(src / f, dst / f)
+    ck = checkpoint_dir(src, marker)
+    shutil.copytree(ck, dst / ck.relative_to(src))
+    return dst
+
+
+def record_partials(name: str, results_dir: str | Path = "results", work_dir: str | Path = "out/experiments") -> list[Path]:
+    """:func:`record_partial` for every unfinished run of experiment ``name`` (e.g. before a
+    machine is given back)."""
+    ctx = Context(name, results_dir=Path(results_dir), work_dir=Path(work_dir))
+    if not ctx.runs.is_dir():
+        return []
+    return [p for d in sorted(ctx.runs.iterdir()) if d.is_dir() and (p := record_partial(ctx, d.name))]
+
+
+def _restore_partial(ctx: Context, run: str, cfg: Mapping[str, Any]) -> None:
+    """Seed an empty work directory from a recorded partial run of the same config."""
+    part, out = ctx.out / PARTIAL_DIR / run, ctx.runs / run
+    if (out / MARKER_FILE).is_file() or not same_config_unfinished(part, cfg):
+        return
+    shutil.copytree(part, out, dirs_exist_ok=True)
+    ctx.say(f"  {run}: resuming the recorded partial run {part}")
+
+
+def same_config_unfinished(run_dir: Path, cfg: Mapping[str, Any]) -> bool:
+    """Whether ``run_dir`` holds a checkpoint (finished or not) of the config ``cfg``."""
+    if not (run_dir / CONFIG_FILE).is_file() or not (run_dir / MARKER_FILE).is_file():
+        return False
+    try:
+        saved = read_run_config(run_dir)
+    except (ValueError, FileNotFoundError):
+        return False
+    want = load_config(dict(cfg), resolve_vocab=True)
+    return saved.model == want.model and _comparable(saved.to_dict()["train"]) == _comparable(want.to_dict()["train"])
 
 
 def _set_aside_stale(ctx: Context, out: Path, cfg: Mapping[str, Any]) -> None:
