@@ -191,10 +191,9 @@ def train_families(shape: ModelShape) -> list[tuple[str, dict[str, Any]]]:
 
 
 def peak_memory_mb(step: Callable[[], None], device: str) -> float | None:
-    """Peak MiB allocated during one call of ``step`` (CUDA; ``None`` on the CPU, where the step
-    still runs, as a warm-up)."""
+    """Peak MiB allocated during one call of ``step`` (on CUDA; the call is also the row's first
+    warm-up), ``None`` on the CPU (nothing is run)."""
     if not device.startswith("cuda"):
-        step()
         return None
     sync(device)
     torch.cuda.reset_peak_memory_stats(device)
@@ -239,11 +238,13 @@ def train_row(ctx: Ctx, name: str, cfg: dict[str, Any]) -> dict[str, Any]:
 def guarded_rows(ctx: Ctx, deadline: float, items: list[tuple[str, Any]], fn: Callable, min_left: float = 0.0
                  ) -> list[dict[str, Any]]:
     """``fn(ctx, name, item)`` for every item while the section has time left (at least
-    ``min_left`` seconds before a row starts), else a row saying it was skipped; an exception in
-    a row (out of memory, a failed compile) is recorded in that row and the next one runs."""
-    rows = []
+    ``min_left`` seconds, and as long as the previous row took, before a row starts), else a row
+    saying it was skipped; an exception in a row (out of memory, a failed compile) is recorded in
+    that row and the next one runs."""
+    rows: list[dict[str, Any]] = []
     for name, item in items:
-        if time.monotonic() + min_left > deadline:
+        last = rows[-1].get("seconds", 0.0) if rows else 0.0
+        if time.monotonic() + max(min_left, last) > deadline:
             rows.append({"name": name, "skipped": "the section's time budget was spent"})
             say(f"  {name}: skipped (section budget spent)")
             continue
