@@ -187,6 +187,46 @@ def saved_tensor_bytes(fn: Callable[[], Any], exclude: Any = ()) -> int:
     return total[0]
 
 
+#: the SDPA backend of each ``aten`` op name the profiler records (forward and backward ops alike);
+#: an op is matched by the first fragment its name contains
+SDPA_KERNELS: tuple[tuple[str, str], ...] = (
+    ("flash_attention_for_cpu", "flash_cpu"),
+    ("flash_attention", "flash"),
+    ("cudnn_attention", "cudnn"),
+    ("efficient_attention", "efficient"),
+    ("attention_math", "math"),
+    ("fused_attention_overrideable", "overrideable"),
+)
+
+
+def sdpa_kernel_of(op_name: str) -> str | None:
+    """The SDPA backend an ``aten`` op name belongs to (``"flash"``, ``"cudnn"``, ``"efficient"``,
+    ``"math"``, ``"flash_cpu"``, ``"overrideable"``), or ``None`` for any other op."""
+    if "scaled_dot_product" not in op_name and "_attention_" not in op_name:
+        return None
+    for fragment, kernel in SDPA_KERNELS:
+        if fragment in op_name:
+            return kernel
+    return None
+
+
+def sdpa_kernels(fn: Callable[[], Any]) -> dict[str, int]:
+    """Which SDPA kernels ``fn()`` really runs, read from the op names torch.profiler records on
+    the host (CPU activity only: the ``aten`` ops of CUDA kernels are dispatched there too):
+    ``{kernel: number of op calls}``, forward and backward ops together; ``{}`` when ``fn`` calls
+    no SDPA (e.g. a materialized attention)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    counts: dict[str, int] = {}
+    for evt in prof.key_averages():
+        kernel = sdpa_kernel_of(evt.key)
+        if kernel is not None:
+            counts[kernel] = counts.get(kernel, 0) + evt.count
+    return counts
+
+
 # ----------------------------------------------------------------------------------------------
 # Goals, --check, results
 # ----------------------------------------------------------------------------------------------

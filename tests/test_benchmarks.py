@@ -5,7 +5,10 @@ The scripts run in-process on tiny shapes (one thread, see conftest.py); their t
 nothing here, only the fields, the goals and the exit codes are checked."""
 import importlib
 import json
+import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -252,3 +255,109 @@ def test_bad_arguments_are_one_error_line(bench, tmp_path, capsys):
     assert len(err) == 4 and all(line.startswith("error: ") for line in err)
     assert "'nosuch' matches no row" in err[0] and "needs --profile ROW" in err[1]
     assert "does not exist" in err[2] and "is not a benchmark result" in err[3]
+
+
+# ------------------------------------------------------------------------------------------------
+# gpu_check.py (issue 17): the CPU smoke run, and each section's row on its own
+
+
+def test_gpu_check_tiny_cpu_smoke(tmp_path):
+    """``gpu_check.py --device cpu --tiny`` in a subprocess: under 60 s, results.json with every
+    section, the table and one goal line per goal. (Rows a loaded machine has no time for are
+    skipped with a note by the script's own time guards; the rows are tested one by one below.)"""
+    out = tmp_path / "results.json"
+    env = {**os.environ, "PYTHONPATH": str(BENCH.parent)}
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, str(BENCH / "gpu_check.py"), "--device", "cpu", "--tiny", "--budget", "20",
+                           "--out", str(out)], capture_output=True, text=True, timeout=90, env=env)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert elapsed < 60, elapsed
+    data = json.loads(out.read_text())
+    assert set(data["sections"]) == {"env", "pytest", "train", "compile", "checkpointing", "generation"}
+    for name, sec in data["sections"].items():
+        assert "error" not in sec and "skipped" not in sec, (name, sec)
+    assert data["sections"]["env"]["env"]["device"] == "cpu" and data["sections"]["env"]["peak_flops"] > 0
+    assert data["sections"]["pytest"]["timed_out"] or "skipped" in data["sections"]["pytest"]["summary"]
+    assert (tmp_path / "test_cuda.log").exists()
+    goal_lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("goal ")]
+    assert len(goal_lines) == len(data["goals"]) >= 1
+    assert all(" met " in ln or " MISSED " in ln for ln in goal_lines)
+    assert f"goals: {sum(g['met'] for g in data['goals'])} of {len(data['goals'])} met" in proc.stdout
+
+
+@pytest.fixture(scope="module")
+def gpu_check(bench):
+    sys.path.insert(0, str(BENCH))
+    try:
+        yield importlib.import_module("gpu_check")
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def _tiny_ctx(gc, tmp_path):
+    return gc.Ctx(device="cpu", tiny=True, shape=gc.MODEL_SHAPES["tiny"], vocab=gc.TINY_VOCAB, repeats=1, warmup=0,
+                  backend="eager", log_dir=tmp_path, peak=1e9)
+
+
+def test_gpu_check_rows_and_goals(gpu_check, tmp_path):
+    """Each section's row function on the tiny shape: the fields the table reads and the goals it
+    adds (bf16 speed-up, math kernel, MFU; compile; checkpointing), and the report's goal lines."""
+    gc = gpu_check
+    ctx = _tiny_ctx(gc, tmp_path)
+    fams = dict(gc.train_families(ctx.shape))
+    assert list(fams)[: len(gc.TRAIN_ORDER)] == list(gc.TRAIN_ORDER)
+    row = gc.train_row(ctx, "gpt", fams["gpt"])
+    assert {"fp32_ms", "bf16_ms", "bf16_tok_s", "bf16_mfu", "bf16_speedup", "peak_mb", "flops_per_token"} <= row.keys()
+    assert row["sdpa_kernels"] == {"flash_cpu": 4}  # forward + backward of 2 layers, read from the profiler
+    assert [g["goal"] for g in row["goals"]] == ["bf16 speed-up over fp32", "math-kernel SDPA calls (bf16)",
+                                                 "MFU (bf16)"]
+    assert row["goals"][1]["met"] and row["goals"][2]["target"] == 0.40
+    assert gc.mfu_goal("nrgpt ff2w") == gc.mfu_goal("cem diag_shared") == 0.30 and gc.mfu_goal("gpt_rec_parallel") is None
+    comp = gc.compile_row(ctx, "cem T=1", fams["cem T=1"])
+    assert comp["speedup"] > 0 and comp["compile_s"] > 0 and comp["goals"][0]["target"] == 1.0
+    ck = gc.checkpoint_row(ctx, "nrgpt T=4", 4)
+    assert 0 < ck["memory_ratio"] <= 0.35 and ck["goals"][0]["met"]  # T = 4 recomputed: a fraction of the memory
+    gen = gc.generation_row(ctx, "nrgpt ff2w", fams["nrgpt ff2w"])
+    assert gen["same_tokens"] and gen["speedup"] > 0
+    text = gc.report({"sections": {"train": {"rows": [row, {"name": "llama", "skipped": "budget"}]},
+                                   "compile": {"rows": [comp]}}}, ctx.goals)
+    assert "| gpt |" in text and "| llama | budget |" in text and "compile: cem T=1:" in text
+    assert text.count("\ngoal ") == len(ctx.goals) == 5
+
+
+def test_gpu_check_time_guard_and_errors_are_rows(gpu_check, tmp_path):
+    gc = gpu_check
+    ctx = _tiny_ctx(gc, tmp_path)
+    items = [("a", 1), ("b", 2)]
+    rows = gc.guarded_rows(ctx, time.monotonic() - 1, items, lambda c, n, i: {"name": n})
+    assert [r["skipped"] for r in rows] == ["the section's time budget was spent"] * 2
+
+    def boom(c, n, i):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2 GiB")
+
+    rows = gc.guarded_rows(ctx, time.monotonic() + 60, items, boom)
+    assert [r["error"] for r in rows] == ["RuntimeError: CUDA out of memory. Tried to allocate 2 GiB"] * 2
+
+
+def test_gpu_check_bad_arguments(gpu_check, capsys):
+    assert gpu_check.run_main(lambda: gpu_check.main(["--only", "trian"])) == 2
+    assert "error: section 'trian' is unknown; expected one of: env, pytest" in capsys.readouterr().err
+    assert gpu_check.run_main(lambda: gpu_check.main(["--device", "cpu", "--budget", "0"])) == 2
+    assert "error: --budget 0.0 must be a positive" in capsys.readouterr().err
+
+
+def test_sdpa_kernel_names(bench):
+    of = bench["common"].sdpa_kernel_of
+    assert of("aten::_scaled_dot_product_flash_attention") == of("aten::_flash_attention_backward") == "flash"
+    assert of("aten::_scaled_dot_product_cudnn_attention") == "cudnn"
+    assert of("aten::_efficient_attention_forward") == "efficient"
+    assert of("aten::_scaled_dot_product_attention_math") == "math"
+    assert of("aten::_scaled_dot_product_flash_attention_for_cpu_backward") == "flash_cpu"
+    assert of("aten::scaled_dot_product_attention") is None and of("aten::mm") is None
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.randn(1, 2, 8, 16)
+    with sdpa_kernel(SDPBackend.MATH):
+        assert bench["common"].sdpa_kernels(lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True)) == {"math": 1}
