@@ -120,3 +120,12 @@ def test_every_readme_python_block_runs_in_order(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace = run_blocks(README_BLOCKS, "README.md")
     assert namespace["logits"].shape == (2, 16, 100) and namespace["out"].shape == (1, 36)
+
+
+def test_the_models_page_python_block_runs(tmp_path, monkeypatch):
+    """docs/models.md's generation example runs as written."""
+    monkeypatch.chdir(tmp_path)
+    blocks = fenced_blocks((ROOT / "docs" / "models.md").read_text(encoding="utf-8"))
+    assert blocks
+    namespace = run_blocks(blocks, "docs/models.md")
+    assert namespace["out"].shape == (1, 52) and isinstance(namespace["rows"], list)
