@@ -140,3 +140,44 @@ def test_the_checker_sees_violations(tmp_path, monkeypatch):
     known = {"energyformer.train", "energyformer.train.loop", "energyformer.cli"}
     assert imports("energyformer.layers.bad", src, known) == known
     assert floor("energyformer.layers.bad") < floor("energyformer.train.loop")
+
+
+def documented_floors(text: str) -> dict[str, int]:
+    """The floor list of docs/architecture.md §1: ``name -> floor`` for every ``name/`` (a
+    subpackage) and ``name.py`` (a top-level module) that opens a numbered line of its first block."""
+    section = text.split("## 1. ", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```", 2)[1]
+    found = {}
+    for line in block.splitlines():
+        words = line.split()
+        if not words or not words[0].isdigit():
+            continue
+        for word in words[1:]:
+            name = word.removesuffix("/") if word.endswith("/") else word.removesuffix(".py")
+            if name == word or not name.isidentifier():
+                break
+            found[name] = int(words[0])
+    return found
+
+
+def package_parts() -> set[str]:
+    """Every subpackage and top-level module of energyformer (not __init__/__main__)."""
+    subpackages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    modules = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__", "__main__"}
+    return subpackages | modules
+
+
+def test_docs_floor_list_names_every_subpackage_on_its_floor():
+    docs = documented_floors((PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8"))
+    missing = sorted(package_parts() - set(docs))
+    assert not missing, f"docs/architecture.md §1 does not list {missing} in its floor list"
+    stale = sorted(set(docs) - package_parts())
+    assert not stale, f"docs/architecture.md §1 lists {stale}, which the package does not have"
+    wrong = {name: (docs[name], FLOORS[name]) for name in docs if docs[name] != FLOORS[name]}
+    assert not wrong, f"docs/architecture.md §1 floors differ from FLOORS here (docs, test): {wrong}"
+
+
+def test_the_floor_list_check_sees_a_missing_subpackage():
+    text = "## 1. Floors\n\n```\n0  utils/  _validate.py   helpers\n1  energies/   math on x/y\n```\n## 2. Next\n"
+    assert documented_floors(text) == {"utils": 0, "_validate": 0, "energies": 1}
+    assert {"layers", "hf", "tasks"} <= package_parts() - set(documented_floors(text))

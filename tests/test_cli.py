@@ -241,14 +241,20 @@ def test_recipe_help_lists_its_keys(recipe, capsys):
     assert "--model.n_heads" in out and "--train.max_steps" in out and "--model.n_steps" not in out
 
 
-def readme_command_lines():
-    """Every `energyformer ...` / `python -m energyformer ...` line in README.md's shell blocks."""
+# the pages whose shell blocks show command lines (the README's reference moved to docs/ and results/)
+COMMAND_PAGES = ("README.md", "docs/cli.md", "docs/hf.md", "docs/distributed.md", "docs/models.md",
+                 "results/README.md")
+
+
+def readme_command_lines(pages=("README.md",)):
+    """Every `energyformer ...` / `python -m energyformer ...` line in the shell blocks of ``pages``."""
     import re
     import shlex
 
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = "\n".join((ROOT / page).read_text(encoding="utf-8") for page in pages)
     lines = []
-    for block in re.findall(r"```(?:bash)?\n(.*?)```", text, re.S):
+    fences = re.findall(r"^```(\w*)\n(.*?)^```", text, re.S | re.M)  # (language, body), fence by fence
+    for block in [body for lang, body in fences if lang in ("", "bash")]:
         for line in block.replace("\\\n", " ").splitlines():
             line = re.sub(r"^(\.venv/bin/|python -m |torchrun .*?-m )", "", line.strip())
             if line.startswith("energyformer "):
@@ -258,6 +264,7 @@ def readme_command_lines():
 
 
 README_LINES = readme_command_lines()
+DOC_LINES = readme_command_lines(COMMAND_PAGES)
 
 
 def test_the_readme_has_command_lines():
@@ -265,7 +272,13 @@ def test_the_readme_has_command_lines():
     assert {"prepare", "train", "sample", "info", "compare", "--help"} <= commands
 
 
-@pytest.mark.parametrize("argv", README_LINES, ids=[" ".join(a) for a in README_LINES])
+def test_the_reference_pages_have_command_lines():
+    commands = {argv[0] for argv in DOC_LINES}
+    assert {"export", "import-hf", "eval", "experiment", "inspect"} <= commands
+    assert len(DOC_LINES) > len(README_LINES)
+
+
+@pytest.mark.parametrize("argv", DOC_LINES, ids=[" ".join(a) for a in DOC_LINES])
 def test_every_readme_command_line_parses(argv, capsys):
     from energyformer.cli import COMMANDS, parse_command_line
 

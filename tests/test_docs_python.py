@@ -16,15 +16,21 @@ def test_the_page_has_python_blocks():
     assert "from energyformer import" in BLOCKS[0]
 
 
+def run_blocks(blocks: list[str], page: str) -> dict:
+    """Execute ``blocks`` in order in one namespace (returned); a failure names its block."""
+    namespace = {"__name__": "docs_python"}
+    for i, block in enumerate(blocks):
+        try:
+            exec(compile(block, f"{page} block {i}", "exec"), namespace)
+        except Exception as e:  # name the block that failed
+            pytest.fail(f"{page} python block {i} raised {type(e).__name__}: {e}\n{block}")
+    return namespace
+
+
 def test_every_python_block_runs_in_order(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     make_data_dir(tmp_path / "data" / "tiny")  # the dataset the training block names
-    namespace = {"__name__": "docs_python"}
-    for i, block in enumerate(BLOCKS):
-        try:
-            exec(compile(block, f"docs/python.md block {i}", "exec"), namespace)
-        except Exception as e:  # name the block that failed
-            pytest.fail(f"docs/python.md block {i} raised {type(e).__name__}: {e}\n{block}")
+    run_blocks(BLOCKS, "docs/python.md")
     assert (tmp_path / "out" / "tiny_nrgpt" / "summary.json").is_file()
 
 
@@ -100,3 +106,26 @@ def test_every_config_checks_its_width_with_it(arch):
     assert check_width(64, 4) == 16 and check_width(64, 3, head_dim=8) == 8 and check_width(64) is None
 
 
+
+
+README_BLOCKS = fenced_blocks((ROOT / "README.md").read_text(encoding="utf-8"))
+
+
+def test_the_readme_python_example_uses_the_front_door():
+    assert README_BLOCKS and "from energyformer import" in README_BLOCKS[0]
+
+
+def test_every_readme_python_block_runs_in_order(tmp_path, monkeypatch):
+    """The README's example is code a user pastes into their own model: it runs as written."""
+    monkeypatch.chdir(tmp_path)
+    namespace = run_blocks(README_BLOCKS, "README.md")
+    assert namespace["logits"].shape == (2, 16, 100) and namespace["out"].shape == (1, 36)
+
+
+def test_the_models_page_python_block_runs(tmp_path, monkeypatch):
+    """docs/models.md's generation example runs as written."""
+    monkeypatch.chdir(tmp_path)
+    blocks = fenced_blocks((ROOT / "docs" / "models.md").read_text(encoding="utf-8"))
+    assert blocks
+    namespace = run_blocks(blocks, "docs/models.md")
+    assert namespace["out"].shape == (1, 52) and isinstance(namespace["rows"], list)

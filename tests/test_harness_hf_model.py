@@ -1,4 +1,4 @@
-"""`python -m energyformer.eval.harness --model hf ...` (README: lm-eval's own hf model on an
+"""`python -m energyformer.eval.harness --model hf ...` (docs/hf.md: lm-eval's own hf model on an
 exported folder) must find lm-eval's own models, not only ``energyformer``."""
 import os
 import subprocess

@@ -61,3 +61,21 @@ def test_the_module_prints_the_tables():
                        text=True, env={"PYTHONPATH": str(ROOT), "PATH": ""}, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "<!-- registry:interaction -->" in r.stdout and "| `lowrank` |" in r.stdout
+
+
+def test_the_registry_module_docstring_example_runs():
+    """utils/registry.py's example names classes that exist: it registers an entry as written."""
+    import textwrap
+
+    import energyformer.utils.registry as registry_module
+
+    after = registry_module.__doc__.split("::\n", 1)[1].splitlines()[1:]
+    code = next(i for i, line in enumerate(after + ["end"]) if line and not line.startswith(" "))
+    example = textwrap.dedent("\n".join(after[:code]))  # the indented block after the "::"
+    assert "@INTERACTIONS.register" in example
+    try:
+        exec(compile(example, "energyformer/utils/registry.py docstring", "exec"), {})
+        assert "my_interaction" in INTERACTIONS
+        assert issubclass(INTERACTIONS.get("my_interaction"), LowRankInteraction)
+    finally:
+        INTERACTIONS.unregister("my_interaction")

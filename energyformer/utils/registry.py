@@ -1,4 +1,4 @@
-"""Small name → entry registries: one per option family (docs/architecture.md, "Options that plug in").
+"""Small name → entry registries: one per option family (docs/architecture.md §2, "Options that plug in").
 
 An option family (CEM interactions, MLP ties, step maps, NRGPT attention and feed-forward
 energies, norms) is a :class:`Registry`. Each entry is one class that owns its parameters, its
@@ -9,7 +9,7 @@ recipes, checkpoints and the CLI need no change when an entry is added::
     from energyformer.layers.cem_options import INTERACTIONS, LowRankInteraction
 
     @INTERACTIONS.register("my_interaction")
-    class MyInteraction(LowRankInteraction):
+    class MyInteraction(LowRankInteraction):  # override what differs (docs/architecture.md §2)
         ...
 
 The tables of entries in the docs are generated from the registries (:func:`markdown_tables`):
