@@ -261,3 +261,31 @@ def test_cem_diag_shared_path_is_chosen_by_device(monkeypatch):
         C.diag_shared_grad(g, None, None, None, 1, 1.0, sdpa=False)
         C.diag_shared_grad(g, None, None, None, 1, 1.0, sdpa=True)
     assert chosen == ["dense", "dense", "sdpa", "sdpa", "dense", "sdpa"]
+
+
+def test_cem_model_diag_shared_sdpa_logits_and_cached_decoding_equal_dense():
+    from energyformer import build_model
+    from energyformer.layers.cem_options import DiagSharedInteraction
+    from energyformer.layers.kv_cache import KVCache
+
+    torch.manual_seed(0)
+    model = build_model({"arch": "cem", "vocab_size": 19, "block_size": 16, "d_model": 12, "n_layers": 2,
+                         "n_heads": 3, "d_ff": 20, "n_steps": 2, "interaction": "diag_shared",
+                         "rope": "exact"}).double().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    entries = [m for m in model.modules() if isinstance(m, DiagSharedInteraction)]
+    assert len(entries) == 2
+    idx = torch.randint(0, 19, (2, 9), generator=torch.Generator().manual_seed(1))
+    logits = {}
+    with torch.no_grad():
+        for sdpa in (False, True):
+            for m in entries:
+                m.sdpa = sdpa
+            logits[sdpa] = model(idx)[0]
+        cache, pieces = KVCache(), []
+        for a, b in ((0, 5), (5, 6), (6, 9)):  # sdpa=True still: prefill, one token, an extension
+            pieces.append(model(idx[:, a:b], cache=cache)[0])
+    torch.testing.assert_close(logits[True], logits[False], **TOL)
+    torch.testing.assert_close(torch.cat(pieces, dim=1), logits[True], **TOL)

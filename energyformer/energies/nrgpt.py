@@ -252,67 +252,66 @@ def _masked_softmax(scores: torch.Tensor, strict: bool) -> torch.Tensor:
     return p
 
 
-def _shift_strict(q: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """The strict mask as an inclusive one: ``(q', keys', first_row_empty)``.
+def _shift(q: torch.Tensor, keys: torch.Tensor, strict: bool) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Any mask as an inclusive causal one: ``(q', keys', first_row_empty)``.
 
-    Queries at the last ``N`` of ``S`` positions see keys ``B < A``, i.e. keys ``0 … S−2`` under the
-    inclusive (bottom-right aligned) causal mask. Without a cache (``N = S``) position 0 sees
-    nothing: its query is dropped and the square ``(N−1) × (N−1)`` inclusive mask remains.
+    Queries at the last ``N`` of ``S`` positions see, under the strict mask, the keys ``B < A``,
+    i.e. keys ``0 … S−2`` under the inclusive (bottom-right aligned) causal mask. Without a cache
+    (``N = S``) position 0 sees nothing: its query is dropped (``first_row_empty``) and the square
+    ``(N−1) × (N−1)`` inclusive mask remains. The inclusive mask is returned unchanged.
     """
     n, s = q.shape[-2], keys.shape[-2]
+    if not strict:
+        return q, keys, False
     keys = keys[..., : s - 1, :]
     if n == s:
         return q[..., 1:, :], keys, True
     return q, keys, False
 
 
-def _attend(q: torch.Tensor, keys: torch.Tensor, beta: float, strict: bool, dropout_p: float) -> torch.Tensor:
-    """``Σ_{B∈ctx(A)} softmax_B(β q_A·k_B) k_B`` ``(B, H, N, e)`` for queries ``q`` ``(B, H, N, e)``
-    at the last ``N`` of the ``S`` positions of ``keys`` ``(B, H, S, e)`` (the values are the keys).
-
-    One SDPA call with ``is_causal=True`` (no explicit mask) whenever ``N = S``, for either mask
-    (the strict one through :func:`_shift_strict`); the strict mask's row 0 is exactly 0.
-    """
-    first_empty = False
-    q2, k2 = q, keys
-    if strict:
-        q2, k2, first_empty = _shift_strict(q, keys)
-    if q2.shape[-2] == 0:                                           # N = 1, strict: nothing to attend
-        return keys[..., :1, :] * 0.0
-    ctx = F.scaled_dot_product_attention(q2, k2, k2, scale=beta, dropout_p=dropout_p,
-                                         **sdpa_causal_kwargs(q2.shape[-2], k2.shape[-2], q.device))
-    if first_empty:                                                 # token 0: no context, no force
-        ctx = torch.cat((keys[..., :1, :] * 0.0, ctx), dim=-2)
-    return ctx
+def _pad_first_row(t: torch.Tensor, first_empty: bool) -> torch.Tensor:
+    """Token 0 of the strict mask (no context): a zero row in front of ``(B, N−1, …)``."""
+    if not first_empty:
+        return t
+    return F.pad(t, (0, 0, 1, 0)) if t.dim() == 3 else F.pad(t, (1, 0))
 
 
 def _shifted_energy(q: torch.Tensor, keys: torch.Tensor, alpha: torch.Tensor, beta: float,
                     strict: bool) -> torch.Tensor:
     """Per-token energy ``(B, N)`` of queries ``q`` ``(B, H or 1, N, e)`` at the last ``N`` of the
-    ``S`` positions of ``keys`` ``(B, H, S, e)``, through the shifted stream of :func:`_attend`."""
-    first_empty = False
-    q2, k2 = q, keys
-    if strict:
-        q2, k2, first_empty = _shift_strict(q, keys)
+    ``S`` positions of ``keys`` ``(B, H, S, e)``: log-sum-exp over the shifted stream of :func:`_shift`
+    (token 0 of the strict mask: energy 0)."""
+    q2, k2, first_empty = _shift(q, keys, strict)
     m, s = q2.shape[-2], k2.shape[-2]
-    zero = (q[..., :1, 0] + keys[..., :1, 0]) * 0.0                 # (B, H, 1): token 0's energy (in the graph)
-    if m == 0:
-        lse = zero
+    scores = beta * (q2 @ k2.transpose(-2, -1))                     # (B, H, M, S')
+    if m == 0:                                                      # N = 1, strict: no row to reduce
+        lse = scores.sum(dim=-1)
     else:
-        scores = beta * (q2 @ k2.transpose(-2, -1))                 # (B, H, M, S')
         lse = scores.masked_fill(~causal_mask(m, s, q.device), float("-inf")).logsumexp(dim=-1)
-        lse = torch.cat((zero, lse), dim=-1) if first_empty else lse
-    return -(alpha.to(lse.dtype)[:, None] * lse).sum(dim=1) / beta
+    return _pad_first_row(-(alpha.to(lse.dtype)[:, None] * lse).sum(dim=1) / beta, first_empty)
 
 
 def _sdpa_force(q: torch.Tensor, k: torch.Tensor, alpha: torch.Tensor, beta: float, strict: bool,
                 dropout_p: float, out_weight: torch.Tensor | None) -> torch.Tensor:
-    """``−Σ_h α_h (softmax(β q kᵀ) k)_h [@ out_weight_h]`` under the mask, via SDPA (:func:`_attend`)."""
-    ctx = _attend(q, k, beta, strict, dropout_p)
+    """``−Σ_h α_h (softmax(β q kᵀ) k)_h [@ out_weight_h]`` ``(B, N, d)`` for queries ``q``
+    ``(B, H, N, e)`` at the last ``N`` of the ``S`` positions of ``k`` ``(B, H, S, e)`` (the values
+    are the keys), under the mask.
+
+    One SDPA call with ``is_causal=True`` and no explicit mask whenever ``N = S``, for either mask
+    (the strict one on the shifted stream of :func:`_shift`; token 0 then gets force exactly 0).
+    """
+    q2, k2, first_empty = _shift(q, k, strict)
+    if q2.shape[-2] == 0:                                           # N = 1, strict: nothing to attend
+        ctx = k2
+    else:
+        ctx = F.scaled_dot_product_attention(q2, k2, k2, scale=beta, dropout_p=dropout_p,
+                                             **sdpa_causal_kwargs(q2.shape[-2], k2.shape[-2], q.device))
     a = alpha.to(ctx.dtype)
     if out_weight is None:
-        return -torch.einsum("h,bhne->bne", a, ctx)
-    return -torch.einsum("h,bhne,hed->bnd", a, ctx, out_weight.to(ctx.dtype))
+        force = -torch.einsum("h,bhne->bne", a, ctx)
+    else:
+        force = -torch.einsum("h,bhne,hed->bnd", a, ctx, out_weight.to(ctx.dtype))
+    return _pad_first_row(force, first_empty)
 
 
 # --------------------------------------------------------------------------------------------
