@@ -43,7 +43,8 @@ from energyformer.energies.silu_antiderivative import silu_antiderivative
 
 __all__ = [
     "InteractionContext", "interaction_context", "interaction_energy", "interaction_grad",
-    "lowrank_grad", "diag_shared_grad", "diag_per_head_grad", "diag_only_grad",
+    "lowrank_grad", "diag_shared_grad", "diag_shared_grad_sdpa", "diag_shared_grad_dense", "diag_per_head_grad",
+    "diag_only_grad",
     "interaction_energy_reference", "interaction_grad_reference",
     "gate_tie_context", "gate_tie_energy", "gate_tie_grad", "up_tie_context", "up_tie_energy", "up_tie_grad",
     "rms_norm_vjp",
@@ -178,8 +179,33 @@ def lowrank_grad(g: torch.Tensor, ctx: InteractionContext, w_q: torch.Tensor, n_
 
 
 def diag_shared_grad(g: torch.Tensor, ctx: InteractionContext, w_q: torch.Tensor, diag: torch.Tensor,
-                     n_heads: int, tau: float) -> torch.Tensor:
+                     n_heads: int, tau: float, sdpa: bool | None = None) -> torch.Tensor:
     """``∇_g ε_att`` (B, N, d) of D+LR with one diagonal ``diag`` (d,) for every head (docs/cem.md §4).
+
+    ``sdpa=True``: :func:`diag_shared_grad_sdpa` (augmented heads through SDPA, never holds the
+    (B, H, N, S) scores); ``False``: :func:`diag_shared_grad_dense` (materialized scores, cheaper in
+    FLOPs); ``None`` (default): SDPA except on the CPU, where the dense path is the faster one and
+    memory is not the limit. Both are exact (equal to rounding, tested).
+    """
+    if sdpa is None:
+        sdpa = g.device.type != "cpu"
+    fn = diag_shared_grad_sdpa if sdpa else diag_shared_grad_dense
+    return fn(g, ctx, w_q, diag, n_heads, tau)
+
+
+def diag_shared_grad_sdpa(g: torch.Tensor, ctx: InteractionContext, w_q: torch.Tensor, diag: torch.Tensor,
+                          n_heads: int, tau: float) -> torch.Tensor:
+    """:func:`diag_shared_grad` through SDPA: augmented heads ``q'_k = [W^Q_k g ; d⊙g]``,
+    ``k'_k = [W^K_k ĥ ; ĥ]``, ``v'_k = [v_k ; ĥ]`` (the shared diagonal repeated per head, so
+    ``q'_k·k'_k = s^k_ij``), one causal SDPA call (``is_causal=True`` without a cache), then
+    ``−W_Qᵀ y − d ⊙ Σ_k o_k``. Memory O(B·H·N·(d_h + d)) instead of the (B, H, N, S) scores; the
+    diagonal's score and value work is H times the dense path's."""
+    return _augmented_grad(g, ctx, w_q, diag.expand(n_heads, g.shape[-1]), n_heads, tau)
+
+
+def diag_shared_grad_dense(g: torch.Tensor, ctx: InteractionContext, w_q: torch.Tensor, diag: torch.Tensor,
+                           n_heads: int, tau: float) -> torch.Tensor:
+    """:func:`diag_shared_grad` with the (B, H, N, S) scores materialized (the CPU path).
 
     The diagonal score is head-independent and its update linear in the weights, so
     ``Σ_k d ⊙ Σ_j a^k_ij ĥ_j = d ⊙ Σ_j (Σ_k a^k_ij) ĥ_j``. Every per-element pass over the
@@ -200,14 +226,31 @@ def diag_per_head_grad(g: torch.Tensor, ctx: InteractionContext, w_q: torch.Tens
                        n_heads: int, tau: float) -> torch.Tensor:
     """``∇_g ε_att`` (B, N, d) of D+LR with one diagonal per head, ``diag`` (H, d) (docs/cem.md §4):
     augmented heads ``[W_Q g ; d_k⊙g]`` / ``[W_K ĥ ; ĥ]`` through SDPA with explicit ``scale=1/τ``."""
+    return _augmented_grad(g, ctx, w_q, diag, n_heads, tau)
+
+
+_HEAD_DIM_ALIGN = 8  # augmented heads are zero-padded to a multiple of this (fused GPU kernels need it)
+
+
+def _augmented_grad(g: torch.Tensor, ctx: InteractionContext, w_q: torch.Tensor, diag: torch.Tensor,
+                    n_heads: int, tau: float) -> torch.Tensor:
+    """D+LR gradient through augmented heads, ``diag`` (H, d) (a shared one expanded over heads).
+
+    The augmented head dims are zero-padded to a multiple of 8 inside the same concatenation
+    (zero query/key features add 0 to the scores, the padded value features are dropped), so the
+    memory-efficient GPU kernel accepts them whatever ``d_h + d`` is.
+    """
     q, h = _queries(g, w_q, n_heads, ctx), ctx.h
-    b, _, d = g.shape
+    b, n, d = g.shape
+    dq, dv = q.shape[-1], ctx.v.shape[-1]
+    pad_k, pad_v = -(dq + d) % _HEAD_DIM_ALIGN, -(dv + d) % _HEAD_DIM_ALIGN
     hk = h[:, None].expand(b, n_heads, ctx.length, d)
-    qa = torch.cat((q, diag[None, :, None, :] * g[:, None]), dim=-1)
-    ka = torch.cat((ctx.k, hk), dim=-1)
-    va = ka if ctx.v is ctx.k else torch.cat((ctx.v, hk), dim=-1)
+    qa = torch.cat((q, diag[None, :, None, :] * g[:, None], q.new_zeros(b, n_heads, n, pad_k)), dim=-1)
+    ka = torch.cat((ctx.k, hk, hk.new_zeros(b, n_heads, ctx.length, pad_k)), dim=-1)
+    va = ka if (ctx.v is ctx.k and pad_v == pad_k) else torch.cat(
+        (ctx.v, hk, hk.new_zeros(b, n_heads, ctx.length, pad_v)), dim=-1)
     o = F.scaled_dot_product_attention(qa, ka, va, **_causal_kwargs(g, ctx), scale=1.0 / tau)
-    y, o2 = o.split((q.shape[-1], d), dim=-1)
+    y, o2 = o[..., :dv], o[..., dv:dv + d]
     return _lowrank_out(y, w_q, ctx) + ((-diag)[None, :, None, :] * o2).sum(1)
 
 

@@ -33,6 +33,14 @@ FF1/FF2W ``*_grad`` functions fused ``autograd.Function``s with hand-written bac
 ``*_grad_reference`` function is the plain reference (explicit masked softmax / the formula under
 ordinary autograd) held equal to it, and to ``torch.autograd`` on the energy, in the tests.
 
+The strict mask on the fast path (docs/nrgpt.md §2, "strict mask as a shifted causal mask"): ``B < A``
+is the inclusive causal mask ``B' ≤ A'`` between the queries of positions ``1 … N−1`` and the keys
+of positions ``0 … N−2``, so SDPA runs with ``is_causal=True`` and no explicit mask (the flash /
+cuDNN kernels stay eligible, causal tiles are skipped); row 0 has no key and gets force 0 and
+energy 0, as on the reference path. The energies use the same shifted stream
+(:func:`attention_energy`); :func:`attention_energy_reference` and
+:func:`attention_energy_factored_reference` are the plain masked log-sum-exp.
+
 Feed-forward energies (docs/nrgpt.md §3; σ = exact-erf GELU, biases as in the reference code)::
 
     FF1:  E = −‖σ(W g + b)‖²                         ∂E/∂g = −2 Wᵀ(σ(z) ⊙ σ'(z))
@@ -48,7 +56,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from energyformer.energies.heads import causal_mask
+from energyformer.energies.heads import causal_mask, sdpa_causal_kwargs
 
 _INV_SQRT_2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -129,6 +137,15 @@ def attention_energy(g: torch.Tensor, J: torch.Tensor, alpha: torch.Tensor, beta
     """
     _check_strict(strict)
     context = _check_shapes(g, context, alpha, J.shape[0])
+    return _shifted_energy(g.unsqueeze(1), _full_keys(context, J), alpha, beta, strict)
+
+
+def attention_energy_reference(g: torch.Tensor, J: torch.Tensor, alpha: torch.Tensor, beta: float,
+                               strict: bool = True, context: torch.Tensor | None = None) -> torch.Tensor:
+    """Plain reference for :func:`attention_energy` (the masked log-sum-exp over all ``N × N``
+    scores, row 0 of the strict mask filled in then set to 0): ``(B, N)``."""
+    _check_strict(strict)
+    context = _check_shapes(g, context, alpha, J.shape[0])
     keys = _full_keys(context, J)                                   # (B, H, N, d)
     scores = beta * torch.einsum("bad,bhkd->bhak", g, keys)         # (B, H, N_query, N_key)
     return _lse_energy(scores, alpha, beta, strict)
@@ -154,13 +171,15 @@ def attention_grad(g: torch.Tensor, J: torch.Tensor, alpha: torch.Tensor, beta: 
 
 
 def attention_grad_reference(g: torch.Tensor, J: torch.Tensor, alpha: torch.Tensor, beta: float,
-                         strict: bool = True) -> torch.Tensor:
-    """Plain reference for :func:`attention_grad` (explicit masked softmax): ``(B, N, d)``."""
+                             strict: bool = True, dropout_p: float = 0.0) -> torch.Tensor:
+    """Plain reference for :func:`attention_grad` (explicit masked softmax over ``N × N``, the
+    strict mask's empty row 0 filled in then zeroed; ``dropout_p`` drops the softmax weights as
+    SDPA does): ``(B, N, d)``."""
     _check_strict(strict)
     _check_shapes(g, None, alpha, J.shape[0])
     keys = _full_keys(g, J)
     scores = beta * torch.einsum("bad,bhkd->bhak", g, keys)
-    p = _masked_softmax(scores, strict)
+    p = F.dropout(_masked_softmax(scores, strict), dropout_p) if dropout_p else _masked_softmax(scores, strict)
     return -torch.einsum("h,bhak,bhkd->bad", alpha.to(g.dtype), p, keys)
 
 
@@ -181,6 +200,15 @@ def attention_energy_factored(g: torch.Tensor, q_weight: torch.Tensor, k_weight:
     """
     _check_strict(strict)
     context = _check_shapes(g, context, alpha, q_weight.shape[0])
+    return _shifted_energy(head_projection(g, q_weight), head_projection(context, k_weight), alpha, beta, strict)
+
+
+def attention_energy_factored_reference(g: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                                        alpha: torch.Tensor, beta: float, strict: bool = True,
+                                        context: torch.Tensor | None = None) -> torch.Tensor:
+    """Plain reference for :func:`attention_energy_factored` (masked log-sum-exp over ``N × N``): ``(B, N)``."""
+    _check_strict(strict)
+    context = _check_shapes(g, context, alpha, q_weight.shape[0])
     q = torch.einsum("bnd,hed->bhne", g, q_weight.to(g.dtype))
     k = torch.einsum("bnd,hed->bhne", context, k_weight.to(g.dtype))
     scores = beta * (q @ k.transpose(-2, -1))
@@ -199,13 +227,15 @@ def attention_grad_factored(g: torch.Tensor, q_weight: torch.Tensor, k_weight: t
 
 
 def attention_grad_factored_reference(g: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
-                                  alpha: torch.Tensor, beta: float, strict: bool = True) -> torch.Tensor:
-    """Plain reference for :func:`attention_grad_factored`: ``(B, N, d)``."""
+                                      alpha: torch.Tensor, beta: float, strict: bool = True,
+                                      dropout_p: float = 0.0) -> torch.Tensor:
+    """Plain reference for :func:`attention_grad_factored` (as :func:`attention_grad_reference`): ``(B, N, d)``."""
     _check_strict(strict)
     _check_shapes(g, None, alpha, q_weight.shape[0])
     q = torch.einsum("bnd,hed->bhne", g, q_weight.to(g.dtype))
     k = torch.einsum("bnd,hed->bhne", g, k_weight.to(g.dtype))
     p = _masked_softmax(beta * (q @ k.transpose(-2, -1)), strict)
+    p = F.dropout(p, dropout_p) if dropout_p else p
     ctx = p @ k                                                     # (B, H, N, d_h)
     return -torch.einsum("h,bhne,hed->bnd", alpha.to(g.dtype), ctx, q_weight.to(g.dtype))
 
@@ -222,20 +252,66 @@ def _masked_softmax(scores: torch.Tensor, strict: bool) -> torch.Tensor:
     return p
 
 
+def _shift(q: torch.Tensor, keys: torch.Tensor, strict: bool) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Any mask as an inclusive causal one: ``(q', keys', first_row_empty)``.
+
+    Queries at the last ``N`` of ``S`` positions see, under the strict mask, the keys ``B < A``,
+    i.e. keys ``0 … S−2`` under the inclusive (bottom-right aligned) causal mask. Without a cache
+    (``N = S``) position 0 sees nothing: its query is dropped (``first_row_empty``) and the square
+    ``(N−1) × (N−1)`` inclusive mask remains. The inclusive mask is returned unchanged.
+    """
+    n, s = q.shape[-2], keys.shape[-2]
+    if not strict:
+        return q, keys, False
+    keys = keys[..., : s - 1, :]
+    if n == s:
+        return q[..., 1:, :], keys, True
+    return q, keys, False
+
+
+def _pad_first_row(t: torch.Tensor, first_empty: bool) -> torch.Tensor:
+    """Token 0 of the strict mask (no context): a zero row in front of ``(B, N−1, …)``."""
+    if not first_empty:
+        return t
+    return F.pad(t, (0, 0, 1, 0)) if t.dim() == 3 else F.pad(t, (1, 0))
+
+
+def _shifted_energy(q: torch.Tensor, keys: torch.Tensor, alpha: torch.Tensor, beta: float,
+                    strict: bool) -> torch.Tensor:
+    """Per-token energy ``(B, N)`` of queries ``q`` ``(B, H or 1, N, e)`` at the last ``N`` of the
+    ``S`` positions of ``keys`` ``(B, H, S, e)``: log-sum-exp over the shifted stream of :func:`_shift`
+    (token 0 of the strict mask: energy 0)."""
+    q2, k2, first_empty = _shift(q, keys, strict)
+    m, s = q2.shape[-2], k2.shape[-2]
+    scores = beta * (q2 @ k2.transpose(-2, -1))                     # (B, H, M, S')
+    if m == 0:                                                      # N = 1, strict: no row to reduce
+        lse = scores.sum(dim=-1)
+    else:
+        lse = scores.masked_fill(~causal_mask(m, s, q.device), float("-inf")).logsumexp(dim=-1)
+    return _pad_first_row(-(alpha.to(lse.dtype)[:, None] * lse).sum(dim=1) / beta, first_empty)
+
+
 def _sdpa_force(q: torch.Tensor, k: torch.Tensor, alpha: torch.Tensor, beta: float, strict: bool,
                 dropout_p: float, out_weight: torch.Tensor | None) -> torch.Tensor:
-    """``−Σ_h α_h (softmax(β q kᵀ) k)_h [@ out_weight_h]`` with the causal strict, via SDPA."""
-    n = q.shape[-2]
-    if not strict:
-        ctx = F.scaled_dot_product_attention(q, k, k, is_causal=True, scale=beta, dropout_p=dropout_p)
+    """``−Σ_h α_h (softmax(β q kᵀ) k)_h [@ out_weight_h]`` ``(B, N, d)`` for queries ``q``
+    ``(B, H, N, e)`` at the last ``N`` of the ``S`` positions of ``k`` ``(B, H, S, e)`` (the values
+    are the keys), under the mask.
+
+    One SDPA call with ``is_causal=True`` and no explicit mask whenever ``N = S``, for either mask
+    (the strict one on the shifted stream of :func:`_shift`; token 0 then gets force exactly 0).
+    """
+    q2, k2, first_empty = _shift(q, k, strict)
+    if q2.shape[-2] == 0:                                           # N = 1, strict: nothing to attend
+        ctx = k2
     else:
-        allowed, empty = _safe_mask(n, strict, q.device)
-        ctx = F.scaled_dot_product_attention(q, k, k, attn_mask=allowed, scale=beta, dropout_p=dropout_p)
-        ctx = ctx.masked_fill(empty[:, None], 0.0)                  # token 0: no context, no force
+        ctx = F.scaled_dot_product_attention(q2, k2, k2, scale=beta, dropout_p=dropout_p,
+                                             **sdpa_causal_kwargs(q2.shape[-2], k2.shape[-2], q.device))
     a = alpha.to(ctx.dtype)
     if out_weight is None:
-        return -torch.einsum("h,bhne->bne", a, ctx)
-    return -torch.einsum("h,bhne,hed->bnd", a, ctx, out_weight)
+        force = -torch.einsum("h,bhne->bne", a, ctx)
+    else:
+        force = -torch.einsum("h,bhne,hed->bnd", a, ctx, out_weight.to(ctx.dtype))
+    return _pad_first_row(force, first_empty)
 
 
 # --------------------------------------------------------------------------------------------
@@ -249,13 +325,6 @@ def attention_keys(context: torch.Tensor, J: torch.Tensor) -> torch.Tensor:
 def head_projection(g: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Factored queries or keys ``W_h g``: ``(B, N, d), (H, d_h, d) -> (B, H, N, d_h)``."""
     return torch.einsum("bnd,hed->bhne", g, weight.to(g.dtype))
-
-
-def _offset_mask(n: int, s: int, strict: bool, device) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`_safe_mask` for queries at the last ``n`` of ``s`` positions: ``(n, s)`` allowed, empty rows."""
-    if n == s:
-        return _safe_mask(n, strict, device)
-    return causal_mask(n, s, device, strict=strict), None  # s > n: every row has a key
 
 
 def attention_force_from_keys(q: torch.Tensor, keys: torch.Tensor, alpha: torch.Tensor, beta: float,
@@ -276,14 +345,7 @@ def attention_force_from_keys(q: torch.Tensor, keys: torch.Tensor, alpha: torch.
     if q.dim() != 4 or keys.shape[:2] != q.shape[:2] or keys.shape[-1] != q.shape[-1] or n > s:
         raise ValueError(f"q (B, H, N, e) and keys (B, H, S, e) with N <= S expected; got {tuple(q.shape)} "
                          f"and {tuple(keys.shape)}")
-    if n == s:
-        return _sdpa_force(q, keys, alpha, beta, strict, 0.0, out_weight)
-    kw = {} if (n == 1 and not strict) else {"attn_mask": _offset_mask(n, s, strict, q.device)[0]}
-    ctx = F.scaled_dot_product_attention(q, keys, keys, scale=beta, **kw)
-    a = alpha.to(ctx.dtype)
-    if out_weight is None:
-        return -torch.einsum("h,bhne->bne", a, ctx)
-    return -torch.einsum("h,bhne,hed->bnd", a, ctx, out_weight.to(ctx.dtype))
+    return _sdpa_force(q, keys, alpha, beta, strict, 0.0, out_weight)
 
 
 def attention_energy_from_keys(q: torch.Tensor, keys: torch.Tensor, alpha: torch.Tensor, beta: float,
@@ -294,12 +356,7 @@ def attention_energy_from_keys(q: torch.Tensor, keys: torch.Tensor, alpha: torch
     :func:`attention_energy_factored` on the whole sequence, last ``N`` columns (tested).
     """
     _check_strict(strict)
-    scores = beta * (q @ keys.transpose(-2, -1))                    # (B, H, N, S)
-    allowed, empty = _offset_mask(q.shape[-2], keys.shape[-2], strict, q.device)
-    lse = scores.masked_fill(~allowed, float("-inf")).logsumexp(dim=-1)
-    if empty is not None:
-        lse = lse.masked_fill(empty, 0.0)
-    return -(alpha.to(lse.dtype)[:, None] * lse).sum(dim=1) / beta
+    return _shifted_energy(q, keys, alpha, beta, strict)
 
 
 # --------------------------------------------------------------------------------------------

@@ -214,15 +214,21 @@ class _DiagInteraction(LowRankInteraction):
 
 @INTERACTIONS.register("diag_shared")
 class DiagSharedInteraction(_DiagInteraction):
-    """D+LR with one diagonal shared by all heads: ``A_k = low rank + diag(d)``, ``d`` (d,) zero at init."""
+    """D+LR with one diagonal shared by all heads: ``A_k = low rank + diag(d)``, ``d`` (d,) zero at init.
+
+    ``sdpa`` (attribute, not saved with the weights): ``None`` (default) picks the gradient's path
+    by device, augmented heads through SDPA off the CPU (no (B, H, N, N) scores) and the dense
+    scores on the CPU; ``True`` / ``False`` force one (both exact; tests set them).
+    """
 
     section = "docs/cem.md §4"
+    sdpa: bool | None = None
 
     def _make_diag(self, d_model: int, n_heads: int) -> nn.Parameter:
         return nn.Parameter(torch.zeros(d_model))
 
     def grad(self, g: torch.Tensor, h_hat: torch.Tensor, ctx: InteractionContext) -> torch.Tensor:
-        return E.diag_shared_grad(g, ctx, self.q_proj.weight, self.diag, self.n_heads, self.tau)
+        return E.diag_shared_grad(g, ctx, self.q_proj.weight, self.diag, self.n_heads, self.tau, sdpa=self.sdpa)
 
 
 @INTERACTIONS.register("diag_per_head")

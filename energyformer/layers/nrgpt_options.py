@@ -58,6 +58,12 @@ class NRGPTAttention(_OneGroup):
         beta: inverse temperature (default :meth:`default_beta`). learn_alpha: α is a Parameter
             (init 1) or a fixed buffer of ones. mask: ``"strict"`` (B < A) or ``"inclusive"`` (B ≤ A).
 
+    Attributes:
+        use_reference: ``False`` (default): :meth:`grad` and :meth:`energy` take the fast path (SDPA
+            with ``is_causal=True``; the strict mask as a shifted inclusive one, docs/nrgpt.md §2);
+            ``True``: the plain ``*_reference`` functions (explicit masked softmax over ``N × N``),
+            equal to rounding (tests only; not saved with the weights).
+
     Raises:
         ValueError: bad sizes, ``beta <= 0``, unknown mask.
     """
@@ -65,6 +71,7 @@ class NRGPTAttention(_OneGroup):
     name: ClassVar[str] = ""
     section: ClassVar[str] = "docs/nrgpt.md §2"
     group = "attention"  # J (or its factors) and α
+    use_reference: bool = False
 
     def __init__(self, d_model: int, n_heads: int, head_dim: int, *, beta: float | None = None,
                  learn_alpha: bool = True, mask: str = "strict"):
@@ -141,10 +148,12 @@ class FullAttention(NRGPTAttention):
         nn.init.normal_(self.J, mean=0.0, std=0.02)
 
     def grad(self, g: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
-        return E.attention_grad(g, self.J, self.alpha, self.beta, self.strict, dropout_p=dropout_p)
+        fn = E.attention_grad_reference if self.use_reference else E.attention_grad
+        return fn(g, self.J, self.alpha, self.beta, self.strict, dropout_p=dropout_p)
 
     def energy(self, g: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
-        return E.attention_energy(g, self.J, self.alpha, self.beta, self.strict, context=context)
+        fn = E.attention_energy_reference if self.use_reference else E.attention_energy
+        return fn(g, self.J, self.alpha, self.beta, self.strict, context=context)
 
     def keys(self, g: torch.Tensor) -> torch.Tensor:
         return E.attention_keys(g, self.J)
@@ -170,10 +179,12 @@ class FactoredAttention(NRGPTAttention):
         return self.q_proj.weight.view(H, dh, d), self.k_proj.weight.view(H, dh, d)
 
     def grad(self, g: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
-        return E.attention_grad_factored(g, *self._qk(), self.alpha, self.beta, self.strict, dropout_p=dropout_p)
+        fn = E.attention_grad_factored_reference if self.use_reference else E.attention_grad_factored
+        return fn(g, *self._qk(), self.alpha, self.beta, self.strict, dropout_p=dropout_p)
 
     def energy(self, g: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
-        return E.attention_energy_factored(g, *self._qk(), self.alpha, self.beta, self.strict, context=context)
+        fn = E.attention_energy_factored_reference if self.use_reference else E.attention_energy_factored
+        return fn(g, *self._qk(), self.alpha, self.beta, self.strict, context=context)
 
     def keys(self, g: torch.Tensor) -> torch.Tensor:
         return E.head_projection(g, self._qk()[1])
