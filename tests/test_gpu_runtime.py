@@ -166,6 +166,23 @@ def test_fsdp2_mixed_precision_policy():
     assert fp32.param_dtype is None and fp32.reduce_dtype is None
 
 
+def test_fsdp2_shards_every_unit_with_the_runs_policy(monkeypatch):
+    import torch.distributed.fsdp as fsdp
+
+    from energyformer.train.parallelize import apply_data_parallel
+
+    calls = []
+    monkeypatch.setattr(fsdp, "fully_shard", lambda module, **kw: calls.append((module, kw)))
+    model = build_model({"arch": "nrgpt", "d_model": 16, "n_heads": 2, "n_steps": 2, "block_size": 8,
+                         "vocab_size": 11})
+    apply_data_parallel(model, dist.DistInfo(world_size=2, parallel="fsdp"), dtype="bfloat16")
+    assert calls and calls[-1][0] is model
+    assert all(kw["mp_policy"].param_dtype == torch.bfloat16 and kw["mp_policy"].reduce_dtype == torch.float32
+               for _, kw in calls)
+    scalars = {p for p in model.parameters() if p.dim() == 0}
+    assert model._replicated_params and set(model._replicated_params) <= scalars
+
+
 def test_replicated_scalars_are_reduced_in_one_all_reduce(monkeypatch):
     calls = []
 

@@ -96,8 +96,9 @@ def train(run_cfg: RunConfig, *, progress: bool | None = None) -> dict[str, Any]
             another model or vocabulary.
         FileNotFoundError: missing data, ``resume`` naming a directory without a checkpoint,
             ``init_from`` naming a directory without a run config or weights.
-        TrainingDivergedError: the loss or gradient norm became non-finite (the last good
-            checkpoint in ``out_dir`` is left untouched).
+        TrainingDivergedError: the loss or gradient norm became non-finite (found at the next
+            ``log_interval``, evaluation or checkpoint, naming the first such step; the last good
+            checkpoint in ``out_dir`` is left untouched), or the weights did before a checkpoint.
         CheckpointWriteError: a checkpoint could not be written (the last one is kept).
     """
     info = dist.init_distributed(run_cfg.train.device, run_cfg.train.parallel)
@@ -281,11 +282,17 @@ class _Loop:
                                 * info.world_size)
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Continue from a checkpoint's train state: optimizer, batch stream, RNG, step, totals."""
+        """Continue from a checkpoint's train state: optimizer, batch stream, RNG, step, totals.
+
+        Each rank restores its own RNG states when the number of ranks is the one saved; with
+        another number the ranks reseed with ``seed + step + rank`` (distinct dropout masks, not
+        the saved stream)."""
         ckpt.restore_train_state(self.model, self.optimizer, self.data_gen, state)
         ranks = state.get("rng_ranks")
         if isinstance(ranks, list) and len(ranks) == self.info.world_size:
             set_rng_state(ranks[self.info.rank])
+        else:
+            seed_ranks(self.tc.seed + int(state["step"]), self.info)
         self.step = self.start_step = int(state["step"])
         self.best_val = math.inf if state["best_val_loss"] is None else float(state["best_val_loss"])
         self.totals.update({k: state["extra"][k] for k in self.totals if k in state.get("extra", {})})
@@ -299,23 +306,25 @@ class _Loop:
         bar = tqdm(total=tc.max_steps, initial=self.start_step, desc="train", unit="step", dynamic_ncols=True,
                    disable=True if not info.is_main else ((not progress) if progress is not None else None))
         interval = [0, 0.0]  # tokens, seconds since the last log line
+        untimed, mark = 0, time.perf_counter()  # tokens of the steps since the last device read, and its time
         self.wrapped.train()
         stack = contextlib.ExitStack()
         # the splits' ids were checked when they were read (preflight): no host read per forward
         stack.enter_context(getattr(self.model, "ids_checked", contextlib.nullcontext)())
         try:
             while self.step < tc.max_steps:
-                t0 = time.perf_counter()
                 self.train_step()
-                dt = time.perf_counter() - t0
-                interval[0] += self.tokens_per_step
-                interval[1] += dt
+                untimed += self.tokens_per_step
                 self.totals["tokens"] += self.tokens_per_step
-                self.totals["train_time_s"] += dt
                 do_eval = self.step % tc.eval_interval == 0 or self.step == tc.max_steps
                 do_save = self.step % tc.ckpt_interval == 0 or self.step == tc.max_steps
-                if self.step % tc.log_interval == 0 or do_eval or do_save:
-                    lr, grad_norm = self.check_finite()  # the one host read of these steps
+                checked = self.step % tc.log_interval == 0 or do_eval or do_save
+                if checked:  # the one host read of these steps: it waits for them, so it times them
+                    lr, grad_norm = self.check_finite()
+                    dt = time.perf_counter() - mark
+                    self.totals["train_time_s"] += dt
+                    interval = [interval[0] + untimed, interval[1] + dt]
+                    untimed = 0
                 if self.step % tc.log_interval == 0 or do_eval:
                     self.log(metrics, bar, progress, lr, grad_norm, interval[0] / max(interval[1], 1e-9), do_eval)
                     interval = [0, 0.0]
@@ -327,6 +336,8 @@ class _Loop:
                             "checkpoint. " + _kept_msg(self.out_dir) + " Try a lower train.learning_rate or "
                             "train.grad_clip.")
                     self.save()
+                if checked:  # evaluation and checkpoints are not training time
+                    mark = time.perf_counter()
                 bar.update(1)
         finally:
             stack.close()
