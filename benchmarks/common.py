@@ -236,7 +236,11 @@ _OPS = {"<=": operator.le, ">=": operator.ge}
 
 def run_main(main: Callable[[], int]) -> int:
     """Run a script's ``main``; a bad argument or input (``ValueError``, ``FileNotFoundError``) is
-    one ``error:`` line on stderr and exit status 2 instead of a traceback."""
+    one ``error:`` line on stderr and exit status 2 instead of a traceback. TF32 matmuls are on
+    where CUDA is (``energyformer.utils.device.configure_backends``, as every command)."""
+    from energyformer.utils.device import configure_backends
+
+    configure_backends()
     try:
         return main()
     except (ValueError, FileNotFoundError) as e:

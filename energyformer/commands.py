@@ -210,7 +210,7 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
            top_k: int | None = 200, top_p: float | None = None, min_p: float | None = None,
            repetition_penalty: float | None = None, stop: list[str] | str | None = None, seed: int = 1337,
            num_samples: int = 1, interactive: bool = False, use_cache: bool = True,
-           device: str = "cpu") -> list[str] | None:
+           device: str = "auto") -> list[str] | None:
     """Generate text from a trained run directory.
 
     Args:
@@ -228,7 +228,7 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
         interactive: read prompts from standard input, one per line (\\n in a line is a newline),
             and print the continuations of each until end of input.
         use_cache: decode with a key/value cache (false: recompute the whole context for every token).
-        device: cpu, cuda, cuda:N, mps or auto.
+        device: auto (CUDA when available, else the CPU), cpu, cuda, cuda:N or mps.
 
     Returns:
         the texts, ``num_samples`` per prompt, each starting with its prompt (None with
@@ -243,7 +243,7 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
     from energyformer._validate import check_int
     from energyformer.data import load_tokenizer
     from energyformer.runs.rundir import load_run
-    from energyformer.utils.device import resolve_device
+    from energyformer.utils.device import configure_backends, resolve_device
 
     check_int("num_samples", num_samples, 1)
     check_int("seed", seed, 0)
@@ -251,6 +251,7 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
     if any(not s for s in stops):
         raise ValueError(f"--stop={stop!r}: a stop text must not be empty")
     dev = resolve_device(device)
+    configure_backends(dev)
     model, _, meta = load_run(run_dir, device=dev)
     tokenizer = load_tokenizer(meta)
     generator = torch.Generator(device=dev).manual_seed(seed)
@@ -397,6 +398,9 @@ def export(run_dir: str, to: str | None = None, as_: str = "energyformer", verbo
             format cannot represent (see ``energyformer.hf.export.export_run``).
     """
     from energyformer.hf.export import export_run
+    from energyformer.utils.device import configure_backends
+
+    configure_backends()  # the export's checks run the model
 
     return export_run(run_dir, to if to is not None else Path("hf") / Path(run_dir).name, as_=as_,
                       progress=verbose)
@@ -454,7 +458,7 @@ def experiment(name: str, seeds: int | None = None, quick: bool = False, results
 
 
 def inspect_energy(run_dir: str, prompt: str = "\n", out: str | None = None, n_steps: int | None = None,
-                   stop_tol: float | None = None, device: str = "cpu") -> str:
+                   stop_tol: float | None = None, device: str = "auto") -> str:
     """Energy trajectories of a trained energy model (NRGPT, CEM with rope exact or None) on a prompt.
 
     Writes OUT/trace.json (per layer, step, term and token: energy, ‖∇E‖, ‖Δx‖, cos(Δx, −∇E))
@@ -466,7 +470,7 @@ def inspect_energy(run_dir: str, prompt: str = "\n", out: str | None = None, n_s
         out: output folder (default RUN_DIR/inspect).
         n_steps: NRGPT: descent steps at inference (default: as trained).
         stop_tol: NRGPT: per-token early stopping tolerance.
-        device: cpu, cuda, cuda:N, mps or auto.
+        device: auto (CUDA when available, else the CPU), cpu, cuda, cuda:N or mps.
 
     Returns:
         a short summary per block.
@@ -482,7 +486,7 @@ def inspect_energy(run_dir: str, prompt: str = "\n", out: str | None = None, n_s
 
 
 def evaluate(run_dir: str, tasks: str = "mmlu_dev,val_loss", out: str | None = None, num_fewshot: int = 4,
-             batch_size: int = 8, limit: int | None = None, include_path: str | None = None, device: str = "cpu",
+             batch_size: int = 8, limit: int | None = None, include_path: str | None = None, device: str = "auto",
              n_steps: int | None = None) -> dict[str, Any]:
     """Evaluate a run: MMLU-format dev questions, validation loss, lm-eval tasks; a JSON + Markdown report.
 
@@ -494,7 +498,7 @@ def evaluate(run_dir: str, tasks: str = "mmlu_dev,val_loss", out: str | None = N
         batch_size: sequences per forward pass.
         limit: at most this many questions per task (val_loss: windows of block_size tokens).
         include_path: folder of extra lm-eval task YAMLs.
-        device: cpu, cuda, cuda:N, mps or auto.
+        device: auto (CUDA when available, else the CPU), cpu, cuda, cuda:N or mps.
         n_steps: NRGPT / recurrent GPT: descent steps at evaluation (default: as trained).
 
     Returns:

@@ -84,16 +84,17 @@ class EnergyformerLM(TemplateLM):
 
     backend = "causal"
 
-    def __init__(self, run: str, batch_size: int | str = 8, device: str = "cpu", max_gen_toks: int = 256,
+    def __init__(self, run: str, batch_size: int | str = 8, device: str = "auto", max_gen_toks: int = 256,
                  prefix_token_id: int | None = None, n_steps: int | None = None, **kwargs: Any):
         super().__init__()
-        from energyformer.utils.device import resolve_device
+        from energyformer.utils.device import configure_backends, resolve_device
 
         if str(device).startswith("cuda") and not torch.cuda.is_available():
             # lm-eval's command line defaults to cuda; its hf model falls back to the CPU too
             warnings.warn(f"device={device!r} is not available; evaluating on cpu")
             device = "cpu"
         self._device = resolve_device(str(device))
+        configure_backends(self._device)
         self.model, self.run_config, meta = load_run(run, device=self._device)
         self.tokenizer = load_tokenizer(meta)
         self.batch_size = check_int("batch_size", 8 if str(batch_size) == "auto" else int(batch_size), 1)

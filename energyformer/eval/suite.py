@@ -104,7 +104,7 @@ def val_loss(model: Any, data_dir: str | Path, tokenizer: Any, batch_size: int =
 
 def evaluate_run(run_dir: str | Path, tasks: str | Sequence[str] = BUILTIN_TASKS, out: str | Path | None = None,
                  num_fewshot: int = 4, batch_size: int = 8, limit: int | None = None,
-                 include_path: str | None = None, device: str = "cpu", n_steps: int | None = None) -> dict[str, Any]:
+                 include_path: str | None = None, device: str = "auto", n_steps: int | None = None) -> dict[str, Any]:
     """Evaluate a run on ``tasks``; write ``out`` (``.json``, and the Markdown table beside it as ``.md``).
 
     Args:
@@ -116,7 +116,7 @@ def evaluate_run(run_dir: str | Path, tasks: str | Sequence[str] = BUILTIN_TASKS
         limit: at most this many questions per task (val_loss: this many windows of
             ``block_size`` tokens); for quick checks.
         include_path: a folder of extra lm-eval task YAMLs.
-        device: cpu, cuda, cuda:N, mps or auto.
+        device: auto (CUDA when available, else the CPU), cpu, cuda, cuda:N or mps.
         n_steps: NRGPT / recurrent GPT: descent steps at evaluation (default: as trained).
 
     Returns:

@@ -148,7 +148,7 @@ def plot_report(report: dict[str, Any], tokens: Sequence[str], out_dir: str | Pa
 
 
 def inspect_run(run_dir: str | Path, prompt: str, out_dir: str | Path, n_steps: int | None = None,
-                stop_tol: float | None = None, device: str = "cpu") -> dict[str, Any]:
+                stop_tol: float | None = None, device: str = "auto") -> dict[str, Any]:
     """Trace a trained run on ``prompt`` and write ``trace.json`` and the plots into ``out_dir``.
 
     Args:
@@ -169,10 +169,11 @@ def inspect_run(run_dir: str | Path, prompt: str, out_dir: str | Path, n_steps: 
     """
     from energyformer.data import load_tokenizer
     from energyformer.runs.rundir import load_run
-    from energyformer.utils.device import resolve_device
+    from energyformer.utils.device import configure_backends, resolve_device
     from energyformer.utils.io import atomic_write_json
 
     dev = resolve_device(device)
+    configure_backends(dev)
     model, run_cfg, meta = load_run(run_dir, device=dev)
     tokenizer = load_tokenizer(meta)
     try:

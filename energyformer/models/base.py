@@ -60,9 +60,10 @@ class CausalLM(GenerationMixin, nn.Module):
     def check_input(self, idx: torch.Tensor, targets: torch.Tensor | None = None, offset: int = 0) -> None:
         """Validate token ids ``(B, N)`` (that follow ``offset`` cached positions).
 
-        Under ``torch.compile`` only the static checks run (type, rank, length): the id-range checks
-        read the ids on the host, which would break the graph; the training loop validates ids
-        when it reads the data, and eager calls check them here.
+        Under ``torch.compile`` and :meth:`ids_checked` only the static checks run (type, rank,
+        length): the id-range checks read the ids on the host (a graph break, a device sync); the
+        training loop validates ids when it reads the data and ``generate`` at its entry, and other
+        eager calls check them here, in one host read.
 
         Raises:
             ValueError: wrong dtype or rank, ``offset + N > block_size``, ``N == 0``, or an id outside
@@ -94,22 +95,40 @@ class CausalLM(GenerationMixin, nn.Module):
             if targets.shape != idx.shape:
                 raise ValueError(
                     f"targets shape {tuple(targets.shape)} must equal idx shape {tuple(idx.shape)}")
-        if torch.compiler.is_compiling():
-            # The value checks below read the ids on the host (a graph break under torch.compile);
-            # a compiled training step gets ids the loop validated when it read the data.
+        if torch.compiler.is_compiling() or self._ids_checked:
+            # The value checks below read the ids on the host (a graph break under torch.compile, a
+            # device sync on a GPU); a training step and generate() get ids checked once before.
             return
         self._check_values(idx, targets)
 
+    _ids_checked: bool = False
+
+    @contextlib.contextmanager
+    def ids_checked(self):
+        """Inside ``with model.ids_checked():`` forward calls skip the id-range checks (one host
+        read each): for callers that checked the ids already, where they entered (the training
+        loop checks the data splits when it reads them, ``generate`` its prompts)."""
+        before = self._ids_checked
+        self._ids_checked = True
+        try:
+            yield self
+        finally:
+            self._ids_checked = before
+
     def _check_values(self, idx: torch.Tensor, targets: torch.Tensor | None) -> None:
-        """The id-range checks of :meth:`check_input` (host reads; eager mode only)."""
-        if idx.numel():
-            lo, hi = int(idx.min()), int(idx.max())
-            if lo < 0 or hi >= self.config.vocab_size:
-                bad = lo if lo < 0 else hi
-                raise ValueError(
-                    f"token id {bad} is out of range; expected ids in [0, {self.config.vocab_size})")
+        """The id-range checks of :meth:`check_input`: one host read for ids and targets together."""
+        if not idx.numel():
+            return
+        extremes = [idx.min(), idx.max()]
         if targets is not None:
-            lo, hi = int(targets.min()), int(targets.max())
+            extremes += [targets.min(), targets.max()]
+        lo, hi, *target_range = torch.stack([e.long() for e in extremes]).tolist()
+        if lo < 0 or hi >= self.config.vocab_size:
+            bad = lo if lo < 0 else hi
+            raise ValueError(
+                f"token id {bad} is out of range; expected ids in [0, {self.config.vocab_size})")
+        if targets is not None:
+            lo, hi = target_range
             if lo < -1 or hi >= self.config.vocab_size:
                 bad = lo if lo < -1 else hi
                 raise ValueError(f"target id {bad} is out of range; expected ids in [0, {self.config.vocab_size}) "

@@ -70,10 +70,11 @@ class GenerationMixin:
                     forward_kwargs=forward_kwargs)
         was_training = self.training
         self.eval()
-        try:
+        try:  # the prompts' ids are checked here, once; the decoding loop's forwards skip it
             if isinstance(idx, torch.Tensor):
                 self.check_input(idx[:, -self.config.block_size:] if idx.dim() == 2 else idx)
-                return self._generate_rows(idx, max_new_tokens, **opts)[0]
+                with self.ids_checked():
+                    return self._generate_rows(idx, max_new_tokens, **opts)[0]
             return self._generate_list(idx, max_new_tokens, opts)
         finally:
             self.train(was_training)
@@ -92,7 +93,8 @@ class GenerationMixin:
         out: list[torch.Tensor | None] = [None] * len(rows)
         for n in sorted({len(r) for r in rows}):
             members = [i for i, r in enumerate(rows) if len(r) == n]
-            seqs, n_new = self._generate_rows(torch.stack([rows[i] for i in members]), max_new_tokens, **opts)
+            with self.ids_checked():
+                seqs, n_new = self._generate_rows(torch.stack([rows[i] for i in members]), max_new_tokens, **opts)
             for j, i in enumerate(members):
                 out[i] = seqs[j, : n + int(n_new[j])]
         return out  # type: ignore[return-value]
@@ -100,12 +102,20 @@ class GenerationMixin:
     def _generate_rows(self, idx: torch.Tensor, max_new_tokens: int, *, temperature, top_k, top_p, min_p,
                        repetition_penalty, generator, vocab_limit, stop_set, stop, use_cache,
                        forward_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        """Decode a batch of equal-length prompts; returns ``(sequences (B, N + L), new tokens per row (B,))``."""
+        """Decode a batch of equal-length prompts; returns ``(sequences (B, N + L), new tokens per row (B,))``.
+
+        No host read per token (unless ``stop``/``stop_ids`` ask for one): whether the logits stayed
+        finite is accumulated on the device and read once at the end.
+
+        Raises:
+            ValueError: non-finite logits among the allowed ids at some step (diverged weights).
+        """
         block = self.config.block_size
         keep = max(1, block - max(1, block // 4))  # context kept when the cache restarts past block_size
         b, n0 = idx.shape
         n_new = torch.zeros(b, dtype=torch.long, device=idx.device)
         done = torch.zeros(b, dtype=torch.bool, device=idx.device)
+        finite = torch.ones((), dtype=torch.bool, device=idx.device)
         cache, seq = None, idx
         for _ in range(max_new_tokens):
             if not use_cache:
@@ -115,20 +125,29 @@ class GenerationMixin:
                 logits, _ = self(seq[:, -(block if seq.shape[1] == n0 else keep):], cache=cache, **forward_kwargs)
             else:
                 logits, _ = self(seq[:, -1:], cache=cache, **forward_kwargs)
-            nxt = select_next(logits[:, -1, :], seq, temperature=temperature, top_k=top_k, top_p=top_p,
+            last = logits[:, -1, :].float()
+            ok = torch.isfinite(last[:, : vocab_limit or last.size(-1)]).all()
+            finite &= ok
+            last = torch.where(ok, last, torch.zeros_like(last))  # keeps sampling defined; raised below
+            nxt = select_next(last, seq, temperature=temperature, top_k=top_k, top_p=top_p,
                               min_p=min_p, repetition_penalty=repetition_penalty, vocab_limit=vocab_limit,
-                              generator=generator).to(idx.dtype)
+                              generator=generator, check_finite=False).to(idx.dtype)
             nxt = torch.where(done[:, None], seq[:, -1:], nxt)  # a stopped row repeats its last token
             seq = torch.cat((seq, nxt), dim=1)
             n_new += (~done).long()
-            if stop_set is not None or stop is not None:
-                for i in range(b):
-                    if done[i]:
-                        continue
-                    tok = int(nxt[i])
-                    if (stop_set is not None and tok in stop_set) or \
-                            (stop is not None and stop(seq[i, n0:].tolist())):
-                        done[i] = True
-                if bool(done.all()):
-                    break
+            if (stop_set is not None or stop is not None) and self._stop_rows(nxt, seq[:, n0:], done, stop_set, stop):
+                break
+        if not bool(finite):
+            raise ValueError("the model produced non-finite logits (NaN/Inf): its weights have diverged")
         return seq, n_new
+
+    @staticmethod
+    def _stop_rows(nxt: torch.Tensor, generated: torch.Tensor, done: torch.Tensor, stop_set: set[int] | None,
+                   stop: Callable[[list[int]], bool] | None) -> bool:
+        """Mark in ``done`` the rows whose new token ``nxt`` (B, 1) or text ends them; whether all are done."""
+        for i, (tok, was_done) in enumerate(zip(nxt[:, 0].tolist(), done.tolist())):
+            if was_done:
+                continue
+            if (stop_set is not None and tok in stop_set) or (stop is not None and stop(generated[i].tolist())):
+                done[i] = True
+        return bool(done.all())

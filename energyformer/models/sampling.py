@@ -86,10 +86,12 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_k: int | None = 
 
 def select_next(logits: torch.Tensor, seen: torch.Tensor, *, temperature: float = 1.0, top_k: int | None = None,
                 top_p: float | None = None, min_p: float | None = None, repetition_penalty: float | None = None,
-                vocab_limit: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+                vocab_limit: int | None = None, generator: torch.Generator | None = None,
+                check_finite: bool = True) -> torch.Tensor:
     """Next ids ``(B, 1)`` from the last position's ``logits`` ``(B, V)`` (see the module docstring).
 
     ``seen`` ``(B, S)``: the ids of each row so far (for the repetition penalty).
+    ``check_finite=False`` skips the non-finite check (a host read); the caller checks then.
 
     Raises:
         ValueError: non-finite logits among the allowed ids (diverged weights).
@@ -98,7 +100,7 @@ def select_next(logits: torch.Tensor, seen: torch.Tensor, *, temperature: float 
     if vocab_limit is not None and vocab_limit < logits.size(-1):
         logits = logits.clone()
         logits[:, vocab_limit:] = float("-inf")
-    if not torch.isfinite(logits[:, : vocab_limit or logits.size(-1)]).all():
+    if check_finite and not torch.isfinite(logits[:, : vocab_limit or logits.size(-1)]).all():
         raise ValueError("the model produced non-finite logits (NaN/Inf): its weights have diverged")
     if repetition_penalty is not None and repetition_penalty != 1.0:
         logits = apply_repetition_penalty(logits, seen, repetition_penalty)

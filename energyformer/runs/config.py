@@ -44,7 +44,7 @@ from energyformer.utils.plugins import load_plugins
 SECTIONS = ("model", "data", "train")
 IMPORTS_KEY = "imports"  # top-level recipe key: plugin modules imported before the config is read
 LR_SCHEDULES = ("cosine", "exponential", "constant", "wsd")
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "auto")
 PARALLEL = ("ddp", "fsdp")
 # TrainConfig fields whose None default is derived from another field (kept on resume unless given)
 DERIVED_TRAIN_KEYS = ("min_lr", "lr_decay_steps", "ckpt_interval", "cooldown_steps")
@@ -136,7 +136,8 @@ class TrainConfig:
         init_from: a run directory whose weights a fresh run starts from (fine-tuning; the model
             config must be that run's, dropout aside); null = random initialization.
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``.
-        dtype: ``"float32"`` or ``"bfloat16"`` (autocast).
+        dtype: ``"auto"`` (bf16 autocast with fp32 master weights on CUDA, float32 elsewhere;
+            docs/gpu.md), ``"float32"`` or ``"bfloat16"`` (autocast).
         compile: ``torch.compile`` the model; null = on for CUDA only.
         num_threads: CPU threads for torch; null = torch's default.
         tensorboard: also write TensorBoard logs to ``out_dir/tb``.
@@ -145,6 +146,9 @@ class TrainConfig:
         activation_checkpointing: recompute activations in the backward (per layer, per recurrent
             step, per CEM descent step): memory that does not grow with ``n_steps`` for about one
             extra forward of compute.
+        deterministic: deterministic kernels (``torch.use_deterministic_algorithms``,
+            ``CUBLAS_WORKSPACE_CONFIG``, cuDNN flags): bit-exact resume on CUDA too, slower
+            (docs/gpu.md); the CPU is deterministic without it.
 
     Raises:
         ValueError: any value out of range or of the wrong type, naming the option.
@@ -172,12 +176,13 @@ class TrainConfig:
     resume: str = "auto"
     init_from: str | None = None
     device: str = "auto"
-    dtype: str = "float32"
+    dtype: str = "auto"
     compile: bool | None = None
     num_threads: int | None = None
     tensorboard: bool = False
     parallel: str = "ddp"
     activation_checkpointing: bool = False
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         _check_nonempty_str("train.out_dir", self.out_dir)
@@ -226,6 +231,8 @@ class TrainConfig:
         if not isinstance(self.tensorboard, bool):
             raise ValueError(f"train.tensorboard={self.tensorboard!r} must be true or false")
         check_choice("train.parallel", self.parallel, PARALLEL)
+        if not isinstance(self.deterministic, bool):
+            raise ValueError(f"train.deterministic={self.deterministic!r} must be true or false")
 
     @property
     def sequences_per_step(self) -> int:

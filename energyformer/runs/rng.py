@@ -3,6 +3,7 @@ so that a train state holding them loads with ``torch.load(weights_only=True)``.
 from __future__ import annotations
 
 import random
+import warnings
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,29 @@ def set_rng_state(state: dict[str, Any]) -> None:
                          n["cached_gaussian"]))
     random.setstate(_to_tuples(state["python"]))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        set_cuda_rng_states(list(state["cuda"]))
+
+
+_warned_cuda: list[bool] = []
+
+
+def set_cuda_rng_states(states: list[torch.Tensor]) -> int:
+    """Restore the CUDA RNG state of device ``i`` from ``states[i]`` for every device that exists
+    here; returns how many were restored.
+
+    A checkpoint written where more GPUs were visible (a resume under a per-rank
+    ``CUDA_VISIBLE_DEVICES``, or on a smaller machine) restores the devices that exist and warns
+    once per process that the others' states were dropped (the CPU, numpy and python states and
+    the batch stream are restored in full; docs/gpu.md).
+    """
+    count = torch.cuda.device_count()
+    for i, s in enumerate(states[:count]):
+        torch.cuda.set_rng_state(s, i)
+    if len(states) > count and not _warned_cuda:
+        _warned_cuda.append(True)
+        warnings.warn(f"the checkpoint holds the CUDA RNG states of {len(states)} devices but {count} are "
+                      f"visible; restored devices 0..{count - 1}, the rest are dropped", stacklevel=2)
+    return min(len(states), count)
 
 
 def seed_everything(seed: int) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import math
 import os
 import tempfile
 import time
@@ -37,7 +38,7 @@ import torch
 import torch.distributed as tdist
 import torch.nn as nn
 
-from energyformer.utils.device import resolve_device
+from energyformer.utils.device import local_cuda_device, resolve_device
 
 PARALLEL_MODES = ("ddp", "fsdp")
 _TIMEOUT = datetime.timedelta(minutes=10)
@@ -76,6 +77,14 @@ class DistInfo:
         out = float(t.item())
         return out / self.world_size if op == "mean" else out
 
+    def all_reduce_tensor(self, value: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """Like :meth:`all_reduce` on a tensor (float64 on the collective's device), without a host read."""
+        if not self.enabled:
+            return value
+        t = value.detach().to(torch.float64).to(self.device if self.device.type == "cuda" else "cpu").clone()
+        tdist.all_reduce(t, op=tdist.ReduceOp.MAX if op == "max" else tdist.ReduceOp.SUM)
+        return t / self.world_size if op == "mean" else t
+
     def all_gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj`` (picklable), in rank order."""
         if not self.enabled:
@@ -97,8 +106,10 @@ def init_distributed(device: str, parallel: str = "ddp") -> DistInfo:
     """Join the process group that ``torchrun`` describes in the environment, if any.
 
     Args:
-        device: ``train.device``. Under torchrun ``"auto"``/``"cuda"`` mean ``cuda:LOCAL_RANK``
-            (NCCL) when CUDA is available, and ``"auto"``/``"cpu"`` mean the CPU (gloo).
+        device: ``train.device``. Under torchrun ``"auto"``/``"cuda"`` mean the CUDA device of
+            this rank (NCCL) when CUDA is available: ``cuda:LOCAL_RANK``, or ``cuda:(LOCAL_RANK mod
+            visible devices)`` under a per-rank ``CUDA_VISIBLE_DEVICES`` (SLURM), see
+            :func:`~energyformer.utils.device.local_cuda_device`; ``"auto"``/``"cpu"`` mean the CPU (gloo).
         parallel: ``"ddp"`` or ``"fsdp"``.
 
     Raises:
@@ -120,7 +131,7 @@ def init_distributed(device: str, parallel: str = "ddp") -> DistInfo:
                          "give train.device cuda, cpu or auto")
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     if use_cuda:
-        dev = resolve_device(f"cuda:{local_rank}")
+        dev = local_cuda_device(local_rank)
         torch.cuda.set_device(dev)
     else:
         dev = resolve_device("cpu" if device == "auto" else device)
@@ -149,30 +160,46 @@ def sync_gradients(wrapped: nn.Module, sync: bool) -> Iterator[None]:
 
 
 def reduce_replicated_grads(model: nn.Module, info: DistInfo) -> None:
-    """Average over ranks the gradients of parameters FSDP2 left replicated (after the last backward)."""
-    for p in getattr(model, "_replicated_params", ()):
-        if p.grad is not None:
-            tdist.all_reduce(p.grad, op=tdist.ReduceOp.SUM)
-            p.grad.div_(info.world_size)
+    """Average over ranks the gradients of parameters FSDP2 left replicated (after the last
+    backward): all of them in one flat buffer, one all-reduce per step (not one per scalar)."""
+    grads = [p.grad for p in getattr(model, "_replicated_params", ()) if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1).float() for g in grads])
+    tdist.all_reduce(flat, op=tdist.ReduceOp.SUM)
+    flat.div_(info.world_size)
+    for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(part.view_as(g))
 
 
-def clip_grad_norm(model: nn.Module, max_norm: float, info: DistInfo) -> float:
-    """Clip the global gradient norm to ``max_norm`` (``inf``: no clipping); returns the norm before.
+def clip_grad_norm(model: nn.Module, max_norm: float, info: DistInfo) -> torch.Tensor:
+    """Clip the global gradient norm to ``max_norm`` (``inf``: no clipping); returns the norm
+    before clipping as a 0-d tensor on the device (no host sync: the loop reads it at
+    ``log_interval``).
 
-    One process and DDP use ``torch.nn.utils.clip_grad_norm_``; FSDP2 sums the squares of the
-    local shards over ranks and adds those of the replicated parameters once.
+    One process and DDP use ``torch.nn.utils.clip_grad_norm_`` (foreach). FSDP2: the norm of
+    the sharded gradients (``torch.nn.utils.get_total_norm`` of the DTensors, completed by one
+    all-reduce in ``full_tensor``) combined with that of the replicated ones (already averaged,
+    counted once), then ``clip_grads_with_norm_``.
     """
     params = [p for p in model.parameters() if p.grad is not None]
     sharded = [p.grad for p in params if hasattr(p.grad, "to_local")]
     if not sharded:
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        if not params:
+            return torch.zeros((), device=info.device)
+        return torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
     plain = [p.grad for p in params if not hasattr(p.grad, "to_local")]
-    local = sum(float(g.to_local().float().pow(2).sum()) for g in sharded)
-    total = (info.all_reduce(local) + sum(float(g.float().pow(2).sum()) for g in plain)) ** 0.5
-    coef = max_norm / (total + 1e-6)
-    if coef < 1.0:
-        for g in sharded + plain:
-            g.mul_(coef)
+    total = torch.nn.utils.get_total_norm(sharded, foreach=True)
+    total = total.full_tensor() if hasattr(total, "full_tensor") else total
+    if plain:
+        total = torch.linalg.vector_norm(torch.stack(
+            [total.float(), torch.nn.utils.get_total_norm(plain, foreach=True).float().to(total.device)]))
+    if math.isfinite(max_norm):
+        torch.nn.utils.clip_grads_with_norm_([p for p in params if hasattr(p.grad, "to_local")], max_norm, total,
+                                             foreach=True)
+        if plain:
+            torch.nn.utils.clip_grads_with_norm_([p for p in params if not hasattr(p.grad, "to_local")], max_norm,
+                                                 total.to(plain[0].device), foreach=True)
     return total
 
 
@@ -186,13 +213,9 @@ def full_model_state(model: nn.Module, info: DistInfo) -> dict[str, torch.Tensor
 
 
 def all_finite(model: nn.Module, info: DistInfo) -> bool:
-    """Whether every parameter (every shard on every rank) is finite."""
-    ok = True
-    for p in model.parameters():
-        local = p.to_local() if hasattr(p, "to_local") else p
-        if not bool(torch.isfinite(local).all()):
-            ok = False
-            break
+    """Whether every parameter (every shard on every rank) is finite (one host read)."""
+    flags = [torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all() for p in model.parameters()]
+    ok = bool(torch.stack([f.to(info.device) for f in flags]).all()) if flags else True
     return info.all_reduce(0.0 if ok else 1.0, "max") == 0.0
 
 

@@ -10,8 +10,10 @@ checkpointing, DDP/FSDP2 and compile (:func:`energyformer.train.parallelize.para
 builds AdamW, resumes when asked, and ``_Loop`` runs ``max_steps`` optimizer
 steps of ``grad_accum_steps`` micro-batches each, with warmup + cosine LR (``optim.lr_at``),
 gradient clipping, periodic evaluation and checkpoints, ``metrics.jsonl`` (+ TensorBoard)
-logging and a tqdm progress bar. A non-finite loss or gradient norm stops the run with
-:class:`TrainingDivergedError` before anything is written, so the last good checkpoint survives.
+logging and a tqdm progress bar. The losses and gradient norms stay on the device and are read
+once per ``log_interval`` (and at every evaluation and checkpoint): a non-finite loss or gradient
+norm stops the run there with :class:`TrainingDivergedError`, naming the first such step, before
+anything of it is logged or written, so the last good checkpoint survives (docs/gpu.md).
 
 Under ``torchrun`` the same function trains with DDP or FSDP2 (``train.parallel``; see
 :mod:`energyformer.train.distributed`): rank 0 logs and writes, every rank draws its own
@@ -51,18 +53,14 @@ from energyformer.runs.rng import rng_state, seed_everything, set_rng_state
 from energyformer.runs.weights import load_weights
 from energyformer.train import distributed as dist
 from energyformer.train import preflight
-from energyformer.train.metrics import MetricsLogger
+from energyformer.train.metrics import MetricsLogger, peak_flops
 from energyformer.train.optim import build_optimizer, lr_at
 from energyformer.train.parallelize import parallelize
 from energyformer.train.preflight import resolve_resumed_train, train_on_hint
+from energyformer.utils.device import autocast_context, configure_backends, resolve_dtype
 
 __all__ = ["train", "TrainingDivergedError", "CheckpointWriteError", "peak_flops", "resolve_resumed_train",
            "train_on_hint"]
-
-# dense bf16 peak FLOP/s for MFU; devices not listed report mfu=None
-_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12,
-               "L4": 121e12, "RTX 4090": 165e12, "RTX 3090": 71e12}
-
 
 class TrainingDivergedError(FloatingPointError):
     """The loss or the gradient norm became NaN/Inf; the message names the step."""
@@ -98,8 +96,9 @@ def train(run_cfg: RunConfig, *, progress: bool | None = None) -> dict[str, Any]
             another model or vocabulary.
         FileNotFoundError: missing data, ``resume`` naming a directory without a checkpoint,
             ``init_from`` naming a directory without a run config or weights.
-        TrainingDivergedError: the loss or gradient norm became non-finite (the last good
-            checkpoint in ``out_dir`` is left untouched).
+        TrainingDivergedError: the loss or gradient norm became non-finite (found at the next
+            ``log_interval``, evaluation or checkpoint, naming the first such step; the last good
+            checkpoint in ``out_dir`` is left untouched), or the weights did before a checkpoint.
         CheckpointWriteError: a checkpoint could not be written (the last one is kept).
     """
     info = dist.init_distributed(run_cfg.train.device, run_cfg.train.parallel)
@@ -123,7 +122,9 @@ def _train(run_cfg: RunConfig, info: dist.DistInfo, progress: bool | None) -> di
         model = _build(run_cfg, start, info)
         with _out_of_memory(0, tc, Path(tc.out_dir)):  # one forward and backward of one sequence
             flops_per_token = training_flops_per_token(model)  # measured once, on the single-device model
+        seed_ranks(tc.seed, info)
         wrapped, fwd = parallelize(model, info, activation_checkpointing=tc.activation_checkpointing,
+                                   dtype=resolve_dtype(tc.dtype, info.device),
                                    use_compile=tc.compile if tc.compile is not None else info.device.type == "cuda")
         optimizer = build_optimizer(model, tc)  # after FSDP2 has sharded the parameters
         loop = _Loop(run_cfg, data, info, model, optimizer, data_gen, amp=amp, say=say, t_start=t_start,
@@ -214,17 +215,26 @@ def _choose_start(run_cfg: RunConfig, data: _Data, info: dist.DistInfo, say: Cal
 
 
 def _set_up_process(tc: TrainConfig, device: torch.device) -> Any:
-    """Threads, matmul precision, denormals and seeds; returns the autocast context of ``tc.dtype``."""
+    """Threads, matmul precision (:func:`~energyformer.utils.device.configure_backends`: TF32 on
+    CUDA, ``train.deterministic``), denormals and seeds; returns the autocast context of
+    ``train.dtype`` (``auto``: bf16 on CUDA, fp32 elsewhere)."""
     if tc.num_threads is not None:
         torch.set_num_threads(tc.num_threads)
-    if device.type == "cuda":
-        torch.set_float32_matmul_precision("high")  # TF32 matmuls, as nanoGPT
-    else:
+    configure_backends(device, deterministic=tc.deterministic)
+    if device.type != "cuda":
         # Denormal floats from GELU/softmax tails made CPU steps up to ~10x slower mid-run.
         torch.set_flush_denormal(True)
     seed_everything(tc.seed)  # the same on every rank: identical initial weights
-    return (torch.autocast(device.type, dtype=torch.bfloat16) if tc.dtype == "bfloat16"
-            else contextlib.nullcontext())
+    return autocast_context(device, resolve_dtype(tc.dtype, device))
+
+
+def seed_ranks(seed: int, info: dist.DistInfo) -> None:
+    """After the model is built: seed the process-wide RNGs (dropout, ...) with ``seed + rank``
+    under torchrun, so that no two ranks draw the same dropout masks; one process keeps its
+    stream. The training batches come from their own generator (one seeded stream that the
+    ranks share out, ``energyformer.data.BatchSampler``), which this does not touch."""
+    if info.enabled:
+        seed_everything(seed + info.rank)
 
 
 def _build(run_cfg: RunConfig, start: _Start, info: dist.DistInfo) -> nn.Module:
@@ -267,15 +277,22 @@ class _Loop:
         self.totals = {"train_time_s": 0.0, "tokens": 0, "wall_s": 0.0}
         self.wrapped, self.fwd, self.flops_per_token = wrapped, fwd, flops_per_token
         self.peak = peak_flops(info.device)
+        self.pending: list[tuple[int, float, torch.Tensor]] = []  # (step, lr, [loss, grad norm]) not yet read
         self.tokens_per_step = (self.tc.batch_size * self.tc.grad_accum_steps * run_cfg.model.block_size
                                 * info.world_size)
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Continue from a checkpoint's train state: optimizer, batch stream, RNG, step, totals."""
+        """Continue from a checkpoint's train state: optimizer, batch stream, RNG, step, totals.
+
+        Each rank restores its own RNG states when the number of ranks is the one saved; with
+        another number the ranks reseed with ``seed + step + rank`` (distinct dropout masks, not
+        the saved stream)."""
         ckpt.restore_train_state(self.model, self.optimizer, self.data_gen, state)
         ranks = state.get("rng_ranks")
         if isinstance(ranks, list) and len(ranks) == self.info.world_size:
             set_rng_state(ranks[self.info.rank])
+        else:
+            seed_ranks(self.tc.seed + int(state["step"]), self.info)
         self.step = self.start_step = int(state["step"])
         self.best_val = math.inf if state["best_val_loss"] is None else float(state["best_val_loss"])
         self.totals.update({k: state["extra"][k] for k in self.totals if k in state.get("extra", {})})
@@ -289,21 +306,29 @@ class _Loop:
         bar = tqdm(total=tc.max_steps, initial=self.start_step, desc="train", unit="step", dynamic_ncols=True,
                    disable=True if not info.is_main else ((not progress) if progress is not None else None))
         interval = [0, 0.0]  # tokens, seconds since the last log line
+        untimed, mark = 0, time.perf_counter()  # tokens of the steps since the last device read, and its time
         self.wrapped.train()
+        stack = contextlib.ExitStack()
+        # the splits' ids were checked when they were read (preflight): no host read per forward
+        stack.enter_context(getattr(self.model, "ids_checked", contextlib.nullcontext)())
         try:
             while self.step < tc.max_steps:
-                t0 = time.perf_counter()
-                lr, grad_norm = self.train_step()
-                dt = time.perf_counter() - t0
-                interval[0] += self.tokens_per_step
-                interval[1] += dt
+                self.train_step()
+                untimed += self.tokens_per_step
                 self.totals["tokens"] += self.tokens_per_step
-                self.totals["train_time_s"] += dt
                 do_eval = self.step % tc.eval_interval == 0 or self.step == tc.max_steps
+                do_save = self.step % tc.ckpt_interval == 0 or self.step == tc.max_steps
+                checked = self.step % tc.log_interval == 0 or do_eval or do_save
+                if checked:  # the one host read of these steps: it waits for them, so it times them
+                    lr, grad_norm = self.check_finite()
+                    dt = time.perf_counter() - mark
+                    self.totals["train_time_s"] += dt
+                    interval = [interval[0] + untimed, interval[1] + dt]
+                    untimed = 0
                 if self.step % tc.log_interval == 0 or do_eval:
                     self.log(metrics, bar, progress, lr, grad_norm, interval[0] / max(interval[1], 1e-9), do_eval)
                     interval = [0, 0.0]
-                if self.step % tc.ckpt_interval == 0 or self.step == tc.max_steps:
+                if do_save:
                     # The step just taken can blow the weights up although this step's loss was finite.
                     if not dist.all_finite(self.model, info):
                         raise TrainingDivergedError(
@@ -311,20 +336,20 @@ class _Loop:
                             "checkpoint. " + _kept_msg(self.out_dir) + " Try a lower train.learning_rate or "
                             "train.grad_clip.")
                     self.save()
+                if checked:  # evaluation and checkpoints are not training time
+                    mark = time.perf_counter()
                 bar.update(1)
         finally:
+            stack.close()
             bar.close()
             if metrics is not None:
                 metrics.close()
             if self.device.type != "cuda":
                 torch.set_flush_denormal(False)  # process-wide setting: restore PyTorch's default
 
-    def train_step(self) -> tuple[float, float]:
-        """One optimizer step of ``grad_accum_steps`` micro-batches; returns ``(lr, grad_norm)``.
-
-        Raises:
-            TrainingDivergedError: a non-finite loss or gradient norm (before the weights change).
-        """
+    def train_step(self) -> None:
+        """One optimizer step of ``grad_accum_steps`` micro-batches, without reading the device: the
+        step's loss and gradient norm stay on it (``self.pending``) until :meth:`check_finite`."""
         tc, info, step = self.tc, self.info, self.step
         lr = lr_at(step, tc)
         for group in self.optimizer.param_groups:
@@ -337,16 +362,34 @@ class _Loop:
                 with self.amp:
                     _, loss = self.fwd(x, y)
                 (loss / tc.grad_accum_steps).backward()
-            loss_sum += loss.detach()
+            loss_sum += loss.detach().float()
         dist.reduce_replicated_grads(self.model, info)
-        self.train_loss = info.all_reduce(loss_sum.item() / tc.grad_accum_steps, "mean")
         grad_norm = dist.clip_grad_norm(self.model, tc.grad_clip if tc.grad_clip > 0 else math.inf, info)
-        if not (math.isfinite(self.train_loss) and math.isfinite(grad_norm)):
-            raise TrainingDivergedError(_diverged_msg(step + 1, self.train_loss, grad_norm, lr, self.out_dir))
+        self.pending.append((step + 1, lr, torch.stack([loss_sum / tc.grad_accum_steps,
+                                                         grad_norm.detach().float().to(loss_sum.device)])))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        return lr, grad_norm
+
+    def check_finite(self) -> tuple[float, float]:
+        """Read the losses and gradient norms of the steps since the last call (one host read,
+        the loss averaged over ranks); returns ``(lr, grad_norm)`` of the last step and sets
+        ``train_loss``. Called at every ``log_interval``, evaluation and checkpoint.
+
+        Raises:
+            TrainingDivergedError: a non-finite loss or gradient norm; the message names the first
+                such step (nothing is logged or checkpointed after it).
+        """
+        steps = self.pending
+        self.pending = []
+        values = torch.stack([v for _, _, v in steps])
+        losses = self.info.all_reduce_tensor(values[:, 0], "mean") if self.info.enabled else values[:, 0]
+        rows = list(zip(losses.double().cpu().tolist(), values[:, 1].double().cpu().tolist()))
+        for (step, lr, _), (loss, grad_norm) in zip(steps, rows):
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                raise TrainingDivergedError(_diverged_msg(step, loss, grad_norm, lr, self.out_dir))
+        self.train_loss = rows[-1][0]
+        return steps[-1][1], rows[-1][1]
 
     def log(self, metrics: MetricsLogger | None, bar: Any, progress: bool | None, lr: float, grad_norm: float,
             tok_s: float, do_eval: bool) -> None:
@@ -436,17 +479,6 @@ class _Loop:
 # ------------------------------------------------------------------------------------------------
 # throughput and messages
 # ------------------------------------------------------------------------------------------------
-
-def peak_flops(device: torch.device) -> float | None:
-    """Dense bf16 peak FLOP/s of a known CUDA GPU, else ``None``."""
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    for key, value in _PEAK_FLOPS.items():
-        if key in name:
-            return value
-    return None
-
 
 def _mfu(flops_per_token: float, tokens_per_s: float, peak: float | None) -> float | None:
     return None if peak is None else flops_per_token * tokens_per_s / peak

@@ -1,4 +1,5 @@
-"""Training logs: ``metrics.jsonl`` (one JSON object per log line) and optional TensorBoard.
+"""Training logs: ``metrics.jsonl`` (one JSON object per log line) and optional TensorBoard; the
+peak FLOP/s table the logged MFU divides by (:func:`peak_flops`).
 
 Each record has at least ``step``, ``train_loss``, ``lr``, ``tokens_per_s``; evaluation steps add
 ``val_loss`` (and ``train_loss_eval``, the loss on ``eval_iters`` training batches). The
@@ -8,12 +9,63 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any
 
 from energyformer.runs.rundir import METRICS_FILE, read_metrics
 from energyformer.utils.io import atomic_write_text
+
+PEAK_FLOPS_ENV = "ENERGYFORMER_PEAK_FLOPS"
+
+#: ``(pattern of torch.cuda.get_device_name, dense bf16 FLOP/s)``, the first match wins (so the
+#: PCIe/NVL variants come before their SXM name). The vendor's dense (not 2:4 sparse) tensor-core
+#: bf16 rates, except the H200: 790 TFLOP/s is what a bf16 matmul measured on this project's
+#: H200 (the data sheet says 989, as the H100 SXM; docs/gpu.md).
+PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
+    (r"\bGH200\b", 989e12), (r"\bH200\b", 790e12),
+    (r"\bH100\b.*\bPCIe\b", 756e12), (r"\bH100\b.*\bNVL\b", 835e12), (r"\bH100\b", 989e12),
+    (r"\bH800\b", 989e12), (r"\bB200\b", 2250e12), (r"\bA100\b", 312e12), (r"\bA800\b", 312e12),
+    (r"\bA10G\b", 125e12), (r"\bA10\b", 125e12), (r"\bA30\b", 165e12), (r"\bL40S\b", 362e12),
+    (r"\bL40\b", 181e12), (r"\bL4\b", 121e12), (r"\bRTX 4090\b", 165e12), (r"\bRTX 3090\b", 71e12),
+    (r"\bRTX A6000\b", 155e12),
+)
+
+
+def peak_flops_for_name(name: str) -> float | None:
+    """Dense bf16 peak FLOP/s of the GPU called ``name`` (as ``torch.cuda.get_device_name`` says,
+    e.g. ``"NVIDIA H100 80GB HBM3"``) from :data:`PEAK_BF16_FLOPS`; ``None`` when not listed."""
+    for pattern, value in PEAK_BF16_FLOPS:
+        if re.search(pattern, name):
+            return value
+    return None
+
+
+def peak_flops(device: Any) -> float | None:
+    """Dense bf16 peak FLOP/s of ``device`` for MFU: the ``ENERGYFORMER_PEAK_FLOPS`` environment
+    variable when set (a number, e.g. ``7.9e14``), else the table entry of a CUDA device's name;
+    ``None`` for the CPU, MPS and unlisted GPUs (MFU is then not reported).
+
+    Raises:
+        ValueError: ``ENERGYFORMER_PEAK_FLOPS`` is not a positive number.
+    """
+    import torch
+
+    env = os.environ.get(PEAK_FLOPS_ENV)
+    if env:
+        try:
+            value = float(env)
+        except ValueError:
+            value = -1.0
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{PEAK_FLOPS_ENV}={env!r} is not valid; expected a positive number of FLOP/s, "
+                             "e.g. 7.9e14")
+        return value
+    if torch.device(device).type != "cuda":
+        return None
+    return peak_flops_for_name(torch.cuda.get_device_name(device))
 
 
 class MetricsLogger:

@@ -27,12 +27,16 @@ from torch.utils.checkpoint import checkpoint
 
 from energyformer.train.distributed import DistInfo
 
-__all__ = ["parallelize", "apply_activation_checkpointing", "apply_data_parallel", "shard_units"]
+__all__ = ["parallelize", "apply_activation_checkpointing", "apply_data_parallel", "shard_units",
+           "mixed_precision_policy"]
 
 
 def parallelize(model: nn.Module, info: DistInfo, *, activation_checkpointing: bool = False,
-                use_compile: bool = False) -> tuple[nn.Module, nn.Module]:
+                use_compile: bool = False, dtype: str = "float32") -> tuple[nn.Module, nn.Module]:
     """Apply checkpointing, DDP/FSDP2 and ``torch.compile`` to ``model``.
+
+    ``dtype`` is the run's resolved ``train.dtype``: with ``"bfloat16"`` FSDP2 gathers the
+    parameters in bf16 and reduces the gradients in fp32 (:func:`mixed_precision_policy`).
 
     Returns:
         ``(wrapped, fwd)``: ``wrapped`` is the model under DDP (or ``model`` itself: one process or
@@ -41,7 +45,7 @@ def parallelize(model: nn.Module, info: DistInfo, *, activation_checkpointing: b
     """
     if activation_checkpointing:
         apply_activation_checkpointing(model)
-    wrapped = apply_data_parallel(model, info)
+    wrapped = apply_data_parallel(model, info, dtype=dtype)
     fwd = torch.compile(wrapped) if use_compile else wrapped
     return wrapped, fwd
 
@@ -106,13 +110,25 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
 # data parallelism
 # ------------------------------------------------------------------------------------------------
 
-def apply_data_parallel(model: nn.Module, info: DistInfo) -> nn.Module:
+def mixed_precision_policy(dtype: str) -> Any:
+    """FSDP2's ``MixedPrecisionPolicy`` for a run of ``dtype``: bf16 parameters in the forward and
+    backward (the sharded master weights and the optimizer stay fp32) with fp32 gradient
+    reduction, as torchtitan; the default policy (fp32 throughout) for ``"float32"``."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if dtype == "bfloat16":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def apply_data_parallel(model: nn.Module, info: DistInfo, dtype: str = "float32") -> nn.Module:
     """The model to train: ``model`` itself (one process), DDP around it, or it sharded by FSDP2.
 
-    FSDP2 changes ``model`` in place (its parameters become DTensor shards); the returned
-    module is ``model``. A reused block is not resharded between its applications. FSDP2 cannot
-    shard 0-d parameters (scalar step sizes, scales): they stay replicated and their gradients
-    are averaged by :func:`~energyformer.train.distributed.reduce_replicated_grads`.
+    FSDP2 changes ``model`` in place (its parameters become DTensor shards, gathered in the
+    precision of :func:`mixed_precision_policy`); the returned module is ``model``. A reused
+    block is not resharded between its applications. FSDP2 cannot shard 0-d parameters (scalar
+    step sizes, scales): they stay replicated (fp32) and their gradients are averaged in one
+    all-reduce per step by :func:`~energyformer.train.distributed.reduce_replicated_grads`.
     """
     if not info.enabled:
         return model
@@ -120,9 +136,10 @@ def apply_data_parallel(model: nn.Module, info: DistInfo) -> nn.Module:
         from torch.distributed.fsdp import fully_shard
 
         scalars = {p for p in model.parameters() if p.dim() == 0}
+        policy = mixed_precision_policy(dtype)
         for unit, reused in shard_units(model):
-            fully_shard(unit, reshard_after_forward=not reused, ignored_params=scalars or None)
-        fully_shard(model, ignored_params=scalars or None)
+            fully_shard(unit, reshard_after_forward=not reused, ignored_params=scalars or None, mp_policy=policy)
+        fully_shard(model, ignored_params=scalars or None, mp_policy=policy)
         model._replicated_params = [p for p in model.parameters() if p in scalars and p.requires_grad]
         return model
     from torch.nn.parallel import DistributedDataParallel
