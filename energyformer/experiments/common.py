@@ -144,6 +144,8 @@ def resolve(ctx: Context, recipe: str, *overrides: Mapping[str, Any], data: Mapp
     else:
         cfg["data"] = {**cfg.get("data", {}), "root": str(ctx.data_root)}
     cfg.setdefault("train", {})["device"] = "cpu" if ctx.profile == "cpu" else "auto"
+    if ctx.profile == "cpu":  # what train.dtype "auto" resolves to on the CPU, stated so records compare equal
+        cfg["train"]["dtype"] = "float32"
     return cfg
 
 
