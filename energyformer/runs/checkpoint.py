@@ -39,7 +39,7 @@ import torch.nn as nn
 from energyformer.runs.rng import rng_state, set_rng_state
 from energyformer.runs.layout import CHECKPOINTS_DIR, CONFIG_FILE, MARKER_FILE, META_FILE, STATE_FILE, WEIGHTS_FILE
 from energyformer.runs.weights import load_weights, write_weights_file
-from energyformer.utils.io import atomic_write_json, temp_path_for
+from energyformer.utils.io import atomic_write_json, temp_path_for, usual_mode
 
 FORMAT_VERSION = 2
 _STEP_PREFIX = "step-"
@@ -133,8 +133,10 @@ def _stage(tmp: Path, model: nn.Module, state: dict[str, Any], step: int,
     write_weights_file(model, tmp / WEIGHTS_FILE, {"step": str(step)}, state_dict=model_state)
     torch.save(state, tmp / STATE_FILE)
     for name in (WEIGHTS_FILE, STATE_FILE):
+        usual_mode(tmp / name)  # safetensors writes 0600
         with open(tmp / name, "rb") as f:
             os.fsync(f.fileno())
+    usual_mode(tmp)  # mkdtemp makes 0700
     fsync_dir(tmp)
 
 
