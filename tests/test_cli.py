@@ -325,3 +325,52 @@ def test_readme_commands_run_in_order_on_a_fresh_clone(tmp_path):
         res = subprocess.run(cmd, shell=True, executable="/bin/bash", cwd=clone, env=env, input="ROMEO:\n",
                              capture_output=True, text=True, timeout=3600)
         assert res.returncode == 0, f"{line!r} failed: {res.stderr[-2000:]}"
+
+
+def _disk_full_oserror(*a, **k):
+    import errno
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _disk_full_safetensors(*a, **k):
+    from safetensors import SafetensorError
+    raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
+                          'message: "No space left on device" })')
+
+
+def _disk_full_torch_save(*a, **k):
+    raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0 "
+                       "PytorchStreamWriter failed writing file data/0: file write failed")
+
+
+@pytest.mark.parametrize("target,writer", [("write_weights_file", _disk_full_oserror),
+                                           ("write_weights_file", _disk_full_safetensors),
+                                           ("torch.save", _disk_full_torch_save)])
+def test_a_full_disk_while_saving_is_one_line_and_keeps_the_checkpoint(recipe, tmp_path, monkeypatch, capsys,
+                                                                       target, writer):
+    """The second save (step 4) finds the disk full: one error line, exit 2, step 2 still committed."""
+    import energyformer.runs.checkpoint as ck
+    from energyformer.runs.checkpoint import find_checkpoint
+
+    path, _, _ = recipe
+    out_dir = tmp_path / "full"
+    orig = ck.write_weights_file if target == "write_weights_file" else ck.torch.save
+    calls = []
+
+    def flaky(*a, **k):
+        calls.append(1)
+        return (writer if len(calls) > 1 else orig)(*a, **k)
+
+    if target == "write_weights_file":
+        monkeypatch.setattr(ck, "write_weights_file", flaky)
+    else:
+        monkeypatch.setattr(ck.torch, "save", flaky)
+    argv = ["train", str(path), "--train.out_dir", str(out_dir), "--train.max_steps", "4",
+            "--train.eval_interval", "2"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("error: could not write the checkpoint of step 4") and "No space left" in err
+    assert "(step 2)" in err and "was kept" in err
+    monkeypatch.undo()
+    assert find_checkpoint(out_dir)["step"] == 2
