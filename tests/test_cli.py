@@ -374,3 +374,14 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_checkpoint(recipe, t
     assert "(step 2)" in err and "was kept" in err
     monkeypatch.undo()
     assert find_checkpoint(out_dir)["step"] == 2
+
+
+def test_warmup_longer_than_max_steps_warns_once(recipe, tmp_path, capsys):
+    path, _, _ = recipe
+    argv = ["train", str(path), "--train.out_dir", str(tmp_path / "w"), "--train.max_steps", "2",
+            "--train.warmup_steps", "10", "--train.eval_interval", "2"]
+    assert main(argv) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(err) == 1 and "train.warmup_steps=10 is longer than train.max_steps=2" in err[0], err
+    assert main(argv[:-4] + ["--train.out_dir", str(tmp_path / "w2")]) == 0  # warmup 2 of 2 steps: no word
+    assert "warmup" not in capsys.readouterr().err
