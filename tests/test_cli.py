@@ -241,6 +241,19 @@ def test_recipe_help_lists_its_keys(recipe, capsys):
     assert "--model.n_heads" in out and "--train.max_steps" in out and "--model.n_steps" not in out
 
 
+def test_recipe_help_shows_the_recipes_values(recipe, capsys):
+    """The defaults `train RECIPE --help` shows are the recipe's (d_model 32, 20 steps), not the class's."""
+    import re
+
+    path, _, _ = recipe
+    assert main(["train", str(path), "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    shown = dict(re.findall(r"--(\w+\.\w+) [A-Z_]+ .*?\(type: [^,]+, default: ([^)]*)\)", out))
+    assert shown["model.d_model"] == "32" and shown["model.n_heads"] == "2", shown
+    assert shown["train.max_steps"] == "20" and shown["train.learning_rate"] == "0.003"
+    assert shown["model.arch"] == "gpt"
+
+
 def readme_command_lines():
     """Every `energyformer ...` / `python -m energyformer ...` line in README.md's shell blocks."""
     import re
