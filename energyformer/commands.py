@@ -242,7 +242,7 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
 
     from energyformer._validate import check_int
     from energyformer.data import load_tokenizer
-    from energyformer.runs.rundir import load_run
+    from energyformer.runs.rundir import load_run, warn_if_training
     from energyformer.utils.device import resolve_device
 
     check_int("num_samples", num_samples, 1)
@@ -252,6 +252,7 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
         raise ValueError(f"--stop={stop!r}: a stop text must not be empty")
     dev = resolve_device(device)
     model, _, meta = load_run(run_dir, device=dev)
+    warn_if_training(run_dir)
     tokenizer = load_tokenizer(meta)
     generator = torch.Generator(device=dev).manual_seed(seed)
 
@@ -397,6 +398,9 @@ def export(run_dir: str, to: str | None = None, as_: str = "energyformer", verbo
             format cannot represent (see ``energyformer.hf.export.export_run``).
     """
     from energyformer.hf.export import export_run
+    from energyformer.runs.rundir import warn_if_training
+
+    warn_if_training(run_dir)
 
     return export_run(run_dir, to if to is not None else Path("hf") / Path(run_dir).name, as_=as_,
                       progress=verbose)

@@ -398,3 +398,18 @@ def test_warmup_longer_than_max_steps_warns_once(recipe, tmp_path, capsys):
     assert len(err) == 1 and "train.warmup_steps=10 is longer than train.max_steps=2" in err[0], err
     assert main(argv[:-4] + ["--train.out_dir", str(tmp_path / "w2")]) == 0  # warmup 2 of 2 steps: no word
     assert "warmup" not in capsys.readouterr().err
+
+
+def test_sample_and_export_of_a_run_still_training_name_the_step(trained, tmp_path, capsys):
+    from energyformer.runs.checkpoint import find_checkpoint
+    from energyformer.runs.rundir import lock_run_dir
+
+    step = find_checkpoint(trained)["step"]
+    assert main(["sample", str(trained), "--prompt", "the", "--max_new_tokens", "3"]) == 0
+    assert "still training" not in capsys.readouterr().err  # not locked: no word
+    with lock_run_dir(trained):  # what a training holds
+        assert main(["sample", str(trained), "--prompt", "the", "--max_new_tokens", "3"]) == 0
+        err = capsys.readouterr().err
+        assert err.count(f"warning: using step {step} of a run still training") == 1, err
+        assert main(["export", str(trained), "--to", str(tmp_path / "hf")]) == 0
+        assert f"warning: using step {step} of a run still training" in capsys.readouterr().err
