@@ -413,3 +413,15 @@ def test_sample_and_export_of_a_run_still_training_name_the_step(trained, tmp_pa
         assert err.count(f"warning: using step {step} of a run still training") == 1, err
         assert main(["export", str(trained), "--to", str(tmp_path / "hf")]) == 0
         assert f"warning: using step {step} of a run still training" in capsys.readouterr().err
+
+
+def test_re_export_refuses_a_folder_with_files_unless_force(trained, tmp_path, capsys):
+    out = tmp_path / "hf"
+    assert main(["export", str(trained), "--to", str(out)]) == 0
+    before = (out / "config.json").stat().st_mtime_ns
+    capsys.readouterr()
+    assert main(["export", str(trained), "--to", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --to {str(out)!r} already holds files") and "--force" in err
+    assert err.count("\n") == 1 and (out / "config.json").stat().st_mtime_ns == before
+    assert main(["export", str(trained), "--to", str(out), "--force"]) == 0
