@@ -242,7 +242,7 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
 
     from energyformer._validate import check_int
     from energyformer.data import load_tokenizer
-    from energyformer.runs.rundir import load_run
+    from energyformer.runs.rundir import load_run, warn_if_training
     from energyformer.utils.device import configure_backends, resolve_device
 
     check_int("num_samples", num_samples, 1)
@@ -253,6 +253,7 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
     dev = resolve_device(device)
     configure_backends(dev)
     model, _, meta = load_run(run_dir, device=dev)
+    warn_if_training(run_dir)
     tokenizer = load_tokenizer(meta)
     generator = torch.Generator(device=dev).manual_seed(seed)
 
@@ -377,7 +378,8 @@ def compare(run_dirs: Sequence[str], out: str | None = None, plot: str | None = 
     return table
 
 
-def export(run_dir: str, to: str | None = None, as_: str = "energyformer", verbose: bool = False) -> Path:
+def export(run_dir: str, to: str | None = None, as_: str = "energyformer", verbose: bool = False,
+           force: bool = False) -> Path:
     """Write a trained run as a Hugging Face transformers folder (model, tokenizer, generation config).
 
     ``--as energyformer`` (default) loads with ``import energyformer.hf`` + ``AutoModelForCausalLM``;
@@ -389,21 +391,29 @@ def export(run_dir: str, to: str | None = None, as_: str = "energyformer", verbo
         to: output folder (default hf/<run directory name>).
         as_: energyformer, llama or gpt2 (also written --as).
         verbose: show transformers' progress bars.
+        force: overwrite an output folder that already holds files (refused without it, as
+            ``import-hf`` refuses a folder that holds a run).
 
     Returns:
         the output folder.
 
     Raises:
         ValueError / FileNotFoundError: an incomplete or missing run, an unknown format, a model the
-            format cannot represent (see ``energyformer.hf.export.export_run``).
+            format cannot represent (see ``energyformer.hf.export.export_run``), an output folder
+            that is not empty (without ``force``).
     """
     from energyformer.hf.export import export_run
+    from energyformer.runs.rundir import warn_if_training
     from energyformer.utils.device import configure_backends
 
     configure_backends()  # the export's checks run the model
 
-    return export_run(run_dir, to if to is not None else Path("hf") / Path(run_dir).name, as_=as_,
-                      progress=verbose)
+    out = Path(to) if to is not None else Path("hf") / Path(run_dir).name
+    if not force and out.is_dir() and any(out.iterdir()):
+        raise ValueError(f"--to {str(out)!r} already holds files (an earlier export?); pass --force to "
+                         "overwrite them or choose another --to")
+    warn_if_training(run_dir)
+    return export_run(run_dir, out, as_=as_, progress=verbose)
 
 
 def import_hf(hf_dir: str, out: str | None = None, verbose: bool = False) -> Path:

@@ -301,3 +301,19 @@ def test_foreign_train_state_and_pickles(tmp_path):
         checkpoint.restore_checkpoint(tmp_path, model, opt, gen)
     assert "holds objects other than tensors" in str(err.value)
     assert "weights_only" not in str(err.value) and "\n" not in str(err.value)
+
+
+def test_checkpoint_files_get_the_umask_mode_not_0600(tmp_path):
+    """Weights and train state are readable as any other file the process writes (0o666 & ~umask),
+    and the step folder as any other folder (0o777 & ~umask)."""
+    old = os.umask(0o022)
+    try:
+        write_checkpoint(tmp_path)
+    finally:
+        os.umask(old)
+    folder = checkpoint.checkpoint_dir(tmp_path)
+    assert folder != tmp_path
+    assert (folder.stat().st_mode & 0o777) == 0o755
+    for path in (folder / "model.safetensors", folder / "train_state.pt", tmp_path / "model.safetensors",
+                 tmp_path / "checkpoint.json"):
+        assert (path.stat().st_mode & 0o777) == 0o644, (path, oct(path.stat().st_mode))

@@ -241,6 +241,19 @@ def test_recipe_help_lists_its_keys(recipe, capsys):
     assert "--model.n_heads" in out and "--train.max_steps" in out and "--model.n_steps" not in out
 
 
+def test_recipe_help_shows_the_recipes_values(recipe, capsys):
+    """The defaults `train RECIPE --help` shows are the recipe's (d_model 32, 20 steps), not the class's."""
+    import re
+
+    path, _, _ = recipe
+    assert main(["train", str(path), "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    shown = dict(re.findall(r"--(\w+\.\w+) [A-Z_]+ .*?\(type: [^,]+, default: ([^)]*)\)", out))
+    assert shown["model.d_model"] == "32" and shown["model.n_heads"] == "2", shown
+    assert shown["train.max_steps"] == "20" and shown["train.learning_rate"] == "0.003"
+    assert shown["model.arch"] == "gpt"
+
+
 # the pages whose shell blocks show command lines (the README's reference moved to docs/ and results/)
 COMMAND_PAGES = ("README.md", "docs/cli.md", "docs/hf.md", "docs/distributed.md", "docs/models.md",
                  "results/README.md")
@@ -338,3 +351,90 @@ def test_readme_commands_run_in_order_on_a_fresh_clone(tmp_path):
         res = subprocess.run(cmd, shell=True, executable="/bin/bash", cwd=clone, env=env, input="ROMEO:\n",
                              capture_output=True, text=True, timeout=3600)
         assert res.returncode == 0, f"{line!r} failed: {res.stderr[-2000:]}"
+
+
+def _disk_full_oserror(*a, **k):
+    import errno
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _disk_full_safetensors(*a, **k):
+    from safetensors import SafetensorError
+    raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
+                          'message: "No space left on device" })')
+
+
+def _disk_full_torch_save(*a, **k):
+    raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0 "
+                       "PytorchStreamWriter failed writing file data/0: file write failed")
+
+
+@pytest.mark.parametrize("target,writer", [("write_weights_file", _disk_full_oserror),
+                                           ("write_weights_file", _disk_full_safetensors),
+                                           ("torch.save", _disk_full_torch_save)])
+def test_a_full_disk_while_saving_is_one_line_and_keeps_the_checkpoint(recipe, tmp_path, monkeypatch, capsys,
+                                                                       target, writer):
+    """The second save (step 4) finds the disk full: one error line, exit 2, step 2 still committed."""
+    import energyformer.runs.checkpoint as ck
+    from energyformer.runs.checkpoint import find_checkpoint
+
+    path, _, _ = recipe
+    out_dir = tmp_path / "full"
+    orig = ck.write_weights_file if target == "write_weights_file" else ck.torch.save
+    calls = []
+
+    def flaky(*a, **k):
+        calls.append(1)
+        return (writer if len(calls) > 1 else orig)(*a, **k)
+
+    if target == "write_weights_file":
+        monkeypatch.setattr(ck, "write_weights_file", flaky)
+    else:
+        monkeypatch.setattr(ck.torch, "save", flaky)
+    argv = ["train", str(path), "--train.out_dir", str(out_dir), "--train.max_steps", "4",
+            "--train.eval_interval", "2"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("error: could not write the checkpoint of step 4") and "No space left" in err
+    assert "(step 2)" in err and "was kept" in err
+    monkeypatch.undo()
+    assert find_checkpoint(out_dir)["step"] == 2
+
+
+def test_warmup_longer_than_max_steps_warns_once(recipe, tmp_path, capsys):
+    path, _, _ = recipe
+    argv = ["train", str(path), "--train.out_dir", str(tmp_path / "w"), "--train.max_steps", "2",
+            "--train.warmup_steps", "10", "--train.eval_interval", "2"]
+    assert main(argv) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(err) == 1 and "train.warmup_steps=10 is longer than train.max_steps=2" in err[0], err
+    assert main(argv[:-4] + ["--train.out_dir", str(tmp_path / "w2")]) == 0  # warmup 2 of 2 steps: no word
+    assert "warmup" not in capsys.readouterr().err
+
+
+def test_sample_and_export_of_a_run_still_training_name_the_step(trained, tmp_path, capsys):
+    from energyformer.runs.checkpoint import find_checkpoint
+    from energyformer.runs.rundir import lock_run_dir
+
+    step = find_checkpoint(trained)["step"]
+    assert main(["sample", str(trained), "--prompt", "the", "--max_new_tokens", "3"]) == 0
+    assert "still training" not in capsys.readouterr().err  # not locked: no word
+    with lock_run_dir(trained):  # what a training holds
+        assert main(["sample", str(trained), "--prompt", "the", "--max_new_tokens", "3"]) == 0
+        err = capsys.readouterr().err
+        assert err.count(f"warning: using step {step} of a run still training") == 1, err
+        assert main(["export", str(trained), "--to", str(tmp_path / "hf")]) == 0
+        assert f"warning: using step {step} of a run still training" in capsys.readouterr().err
+
+
+def test_re_export_refuses_a_folder_with_files_unless_force(trained, tmp_path, capsys):
+    out = tmp_path / "hf"
+    assert main(["export", str(trained), "--to", str(out)]) == 0
+    before = (out / "config.json").stat().st_mtime_ns
+    capsys.readouterr()
+    assert main(["export", str(trained), "--to", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --to {str(out)!r} already holds files") and "--force" in err
+    assert err.count("\n") == 1 and (out / "config.json").stat().st_mtime_ns == before
+    assert main(["export", str(trained), "--to", str(out), "--force"]) == 0

@@ -165,3 +165,19 @@ def test_recipe_values_follow_the_same_conventions():
     assert load_config({"model": model}).model.rope is None
     with pytest.raises(ValueError, match=r"^train\.learning_rate=inf must be a finite number > 0\.0$"):
         load_config({"model": model, "train": {"learning_rate": "inf"}})  # YAML reads `inf` as a string
+
+
+def test_an_integer_option_takes_scientific_notation(tmp_path):
+    """`--train.max_steps 1e9` is the integer 10**9 (on the command line and in a recipe);
+    a number that is not whole stays a one-line error."""
+    from energyformer.runs.config import load_config
+
+    base = {"model": {"arch": "gpt", "vocab_size": 11, "block_size": 8, "d_model": 16, "n_layers": 1,
+                      "n_heads": 2}, "train": {"out_dir": str(tmp_path)}}
+    for tokens in (["--train.max_steps", "1e9"], ["--train.max_steps=1E+9"]):
+        cfg = load_config(base, tokens)
+        assert cfg.train.max_steps == 10 ** 9 and type(cfg.train.max_steps) is int
+    assert load_config({**base, "train": {"out_dir": str(tmp_path), "max_steps": 1.0e+4}}).train.max_steps == 10000
+    with pytest.raises(ValueError, match=r"train.max_steps.*must be an integer") as e:
+        load_config(base, ["--train.max_steps", "1.5e0"])
+    assert "\n" not in str(e.value)

@@ -5,7 +5,9 @@
 - a checkpoint written by FSDP2 loads in one process and resumes under DDP, and one written by
   DDP resumes under FSDP2, both continuing the single-process curve;
 - killing one rank stops the job with a message and leaves the last complete checkpoint intact;
-- a user error that every rank meets is printed once, not once per rank.
+- a user error that every rank meets is printed once, not once per rank;
+- the gradients after one backward and the weights after one SGD step (an update proportional
+  to the gradient, unlike AdamW's) are equal on 1 and 2 ranks, DDP and FSDP2.
 """
 import os
 import signal
@@ -177,3 +179,54 @@ def test_killing_one_rank_stops_the_job_and_keeps_the_last_checkpoint(data_dir, 
                  "--train.lr_decay_steps", "100000")
     assert res.returncode == 0, res.stderr[-2000:]
     assert f"resumed from step {marker['step']}" in res.stdout
+
+
+GRADS = r"""
+import sys, torch
+from energyformer.models.registry import build_model
+from energyformer.train import distributed as dist
+from energyformer.train.parallelize import parallelize
+parallel, arch, out = sys.argv[1], sys.argv[2], sys.argv[3]
+torch.manual_seed(0)
+cfg = {"gpt": dict(arch="gpt", vocab_size=11, block_size=16, d_model=32, n_layers=2, n_heads=2, dropout=0.0),
+       "nrgpt": dict(arch="nrgpt", vocab_size=11, block_size=16, d_model=32, n_heads=2, n_steps=2)}[arch]
+model = build_model(cfg)
+info = dist.init_distributed("cpu", parallel)
+wrapped, fwd = parallelize(model, info)
+g = torch.Generator().manual_seed(1)
+x, y = torch.randint(0, 11, (4, 16), generator=g), torch.randint(0, 11, (4, 16), generator=g)
+n = 4 // info.world_size
+sl = slice(info.rank * n, (info.rank + 1) * n)
+_, loss = fwd(x[sl], y[sl])
+loss.backward()
+dist.reduce_replicated_grads(model, info)
+full = lambda t: t.full_tensor() if hasattr(t, "full_tensor") else t
+grads = {k: full(p.grad).detach().clone() for k, p in model.named_parameters()}
+torch.optim.SGD(model.parameters(), lr=0.5).step()
+params = {k: full(p.data).detach().clone() for k, p in model.named_parameters()}
+if info.rank == 0:
+    torch.save({"grads": grads, "params": params}, out)
+dist.shutdown(info)
+"""
+
+
+@pytest.mark.parametrize("parallel,arch", [("ddp", "gpt"), ("fsdp", "nrgpt")])
+def test_gradients_and_an_sgd_step_equal_across_one_and_two_ranks(tmp_path, parallel, arch):
+    """After one backward (and one SGD step, whose update is proportional to the gradient, unlike
+    AdamW's), 2 ranks on halves of a batch give the gradients of 1 process on the whole batch:
+    a reduction that sums instead of averaging (or skips FSDP2's replicated parameters) fails."""
+    script = tmp_path / "grads.py"
+    script.write_text(GRADS)
+    runs = {}
+    for nproc in (1, 2):
+        out = tmp_path / f"{nproc}.pt"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               str(script), parallel, arch, str(out)]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env())
+        assert res.returncode == 0, res.stderr[-3000:]
+        runs[nproc] = torch.load(out, weights_only=True)
+    assert runs[1]["grads"].keys() == runs[2]["grads"].keys()
+    for kind in ("grads", "params"):
+        for name, t in runs[1][kind].items():
+            assert t.abs().max() > 0 or kind == "params", name
+            torch.testing.assert_close(runs[2][kind][name], t, atol=1e-6, rtol=1e-5, msg=f"{kind} {name}")

@@ -103,9 +103,12 @@ def test_eval_command_writes_json_and_markdown(tmp_path, capsys):
     assert main(["eval", str(run), "--tasks", "mmlu_dev,val_loss", "--limit", "12",
                  "--out", str(tmp_path / "r" / "report.json")]) == 0
     shown = capsys.readouterr().out
-    assert "| mmlu_dev (4-shot) | acc |" in shown and "| 0.25 |" in shown and "bits_per_byte" in shown
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     m = report["tasks"]["mmlu_dev"]
+    # the run's block_size is far below a 4-shot prompt: the report says what fit, not "4-shot"
+    assert m["num_fewshot"] == 4 and m["shots"]["max"] < 4
+    assert f"| mmlu_dev ({m['shots']['min']}" in shown and "of 4 shots fit the context" in shown
+    assert "| 0.25 |" in shown and "bits_per_byte" in shown
     assert m["n"] == 12 and m["chance"] == 0.25 and m["n_oov_skipped"] > 0 and m["subjects"]
     assert sum(s["n"] for s in m["subjects"].values()) == 12
     assert report["tasks"]["val_loss"]["tokens"] > 0
@@ -135,3 +138,28 @@ def test_eval_outside_a_git_repository_prints_no_git_error(tmp_path, monkeypatch
     err = capfd.readouterr().err
     assert "fatal:" not in err and "not a git repository" not in err, err
     assert git_commit_hash() is None and capfd.readouterr().err == ""
+
+
+def test_shots_that_do_not_fit_the_context_are_left_out_and_reported(questions):
+    """At a short context the prompts keep only the shots that fit (never cut from the left by the
+    harness), and the report says how many fit instead of claiming 4-shot."""
+    from energyformer.eval.suite import format_report
+
+    qs, _ = questions
+    limit = 1200  # characters: room for about one shot of most subjects
+    fits = lambda text: len(text) <= limit  # noqa: E731
+    docs = mmlu.build_docs(qs, 4, fits=fits)
+    full = mmlu.build_docs(qs, 4)
+    for d, f in zip(docs, full):
+        assert d["n_shots"] < 4 or d["prompt"] == f["prompt"]
+        assert fits(d["prompt"] + " A") or d["n_shots"] == 0
+        assert f["prompt"].startswith(d["prompt"].split("\n\n")[0])
+    assert 0 < sum(d["n_shots"] for d in docs) < sum(d["n_shots"] for d in full)
+    shots = {"min": min(d["n_shots"] for d in docs), "max": max(d["n_shots"] for d in docs)}
+    res = {"num_fewshot": 4, "shots": shots, "n_truncated": 3, "acc": 0.25, "acc_stderr": 0.1, "chance": 0.25,
+           "n": 10, "n_parse_skipped": 0, "n_oov_skipped": 0}
+    row = format_report({"run": "r", "tasks": {"mmlu_dev": res}}).splitlines()[-1]
+    assert f"mmlu_dev ({shots['min']}–{shots['max']} of 4 shots fit the context, 3 prompts truncated)" in row
+    assert "4-shot" not in row
+    res["shots"] = {"min": 4, "max": 4}
+    assert "mmlu_dev (4-shot)" in format_report({"run": "r", "tasks": {"mmlu_dev": res}})

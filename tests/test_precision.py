@@ -50,3 +50,16 @@ def test_fused_ff_gradients_in_bf16_track_float32(name, fn):
         low = fn(*args)
     rel = (low.float() - ref).norm() / ref.norm()
     assert rel < 2e-2, rel.item()  # bf16 has an 8-bit mantissa (ulp 2⁻⁸ ≈ 4e-3)
+
+
+def test_float64_model_computes_its_loss_in_float64():
+    """A float64 model's loss is float64 and equals the float64 cross-entropy (not a float32 round)."""
+    torch.manual_seed(0)
+    model = build_model(dict(arch="gpt", vocab_size=V, block_size=N, d_model=32, n_heads=4, n_layers=1)).double()
+    idx = torch.randint(0, V, (2, N), generator=torch.Generator().manual_seed(1))
+    logits, loss = model(idx, idx)
+    assert logits.dtype == torch.float64 and loss.dtype == torch.float64
+    ref = torch.nn.functional.cross_entropy(logits.reshape(-1, V), idx.reshape(-1))
+    assert loss.item() == ref.item()
+    # bf16 logits are still promoted to float32
+    assert model.lm_loss(logits.to(torch.bfloat16), idx).dtype == torch.float32

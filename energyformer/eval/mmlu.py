@@ -32,7 +32,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 COT_PROMPTS = Path("tasks") / "mmlu" / "flan_cot_fewshot" / "_cot_prompts.json"
 LETTERS = "ABCD"
@@ -128,9 +128,14 @@ def select(questions: list[Question], vocab: set[str] | None) -> tuple[list[Ques
     return kept, len(questions) - len(kept)
 
 
-def build_docs(questions: list[Question], num_fewshot: int = MAX_FEWSHOT, vocab: set[str] | None = None) -> list[dict]:
+def build_docs(questions: list[Question], num_fewshot: int = MAX_FEWSHOT, vocab: set[str] | None = None,
+               fits: Callable[[str], bool] | None = None) -> list[dict]:
     """One lm-eval doc per question: ``prompt`` (with the first ``num_fewshot`` other questions of
     its subject as shots, in file order), ``answer`` (0–3), ``subject``, ``n_shots``.
+
+    ``fits(text)``: whether a prompt and its answer fit the model's context; shots are dropped
+    (the last first) until it does, so that no shot is cut off from the left by the harness, and
+    ``n_shots`` is the number that really fit.
 
     Raises:
         ValueError: ``num_fewshot`` outside ``[0, 4]``.
@@ -141,6 +146,8 @@ def build_docs(questions: list[Question], num_fewshot: int = MAX_FEWSHOT, vocab:
     docs = []
     for q in questions:
         shots = [s for s in questions if s.subject == q.subject and s != q][:num_fewshot]
+        while shots and fits is not None and not fits(prompt(q, shots, vocab) + " " + LETTERS[q.answer]):
+            shots.pop()
         docs.append({"prompt": prompt(q, shots, vocab), "answer": q.answer, "subject": q.subject,
                      "n_shots": len(shots)})
     return docs
@@ -168,12 +175,16 @@ metadata:
 
 
 def build_task(out_dir: str | Path, vocab: set[str] | None = None, num_fewshot: int = MAX_FEWSHOT,
-               path: str | Path | None = None) -> dict:
+               path: str | Path | None = None, fits: Callable[[str], bool] | None = None) -> dict:
     """Write ``out_dir/mmlu_dev.yaml`` + ``mmlu_dev.jsonl`` (an lm-eval task on local files).
+
+    ``fits``: see :func:`build_docs` (the shots that do not fit the context are left out).
 
     Returns:
         ``{"task": "mmlu_dev", "include_path": out_dir, "n_questions", "n_parse_skipped",
-        "n_oov_skipped", "num_fewshot", "subject_line_chars_removed"}``.
+        "n_oov_skipped", "num_fewshot" (requested), "shots" (``{"min", "max", "mean"}`` of the
+        shots that fit), "n_truncated" (prompts that do not fit even without shots),
+        "subject_line_chars_removed"}``.
 
     Raises:
         FileNotFoundError: lm-eval's file is missing. ValueError: bad ``num_fewshot``, or no
@@ -184,7 +195,9 @@ def build_task(out_dir: str | Path, vocab: set[str] | None = None, num_fewshot: 
     if not kept:
         raise ValueError(f"none of the {len(questions)} MMLU dev questions can be written with the model's "
                          f"{len(vocab or ())} characters")
-    docs = build_docs(kept, num_fewshot, vocab)
+    docs = build_docs(kept, num_fewshot, vocab, fits)
+    n_shots = [d["n_shots"] for d in docs]
+    truncated = sum(1 for d in docs if fits is not None and not fits(d["prompt"] + " " + LETTERS[d["answer"]]))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     data = out_dir / f"{TASK_NAME}.jsonl"
@@ -194,6 +207,8 @@ def build_task(out_dir: str | Path, vocab: set[str] | None = None, num_fewshot: 
     removed = sorted({c for q in kept for c in subject_line(q.subject)} - set(vocab)) if vocab else []
     return {"task": TASK_NAME, "include_path": str(out_dir), "n_questions": len(docs),
             "n_parse_skipped": parse_skipped, "n_oov_skipped": oov, "num_fewshot": num_fewshot,
+            "shots": {"min": min(n_shots), "max": max(n_shots), "mean": sum(n_shots) / len(n_shots)},
+            "n_truncated": truncated,
             "subject_line_chars_removed": "".join(removed)}
 
 

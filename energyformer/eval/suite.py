@@ -152,13 +152,15 @@ def evaluate_run(run_dir: str | Path, tasks: str | Sequence[str] = BUILTIN_TASKS
         elif name == "mmlu_dev":
             vocab = set(getattr(lm.tokenizer, "chars", ())) or None
             with tempfile.TemporaryDirectory() as tmp:
-                built = mmlu.build_task(tmp, vocab=vocab, num_fewshot=num_fewshot)
+                built = mmlu.build_task(tmp, vocab=vocab, num_fewshot=num_fewshot,  # (the harness scores
+                                        fits=lambda t: len(lm.tok_encode(t)) <= lm.max_length + 1)  # N+1 tokens)
                 res = harness.run_tasks(lm, [mmlu.TASK_NAME], include_path=tmp, limit=limit, log_samples=True,
                                         include_defaults=False)
             samples = [{"subject": s["doc"]["subject"], "correct": bool(s["acc"])}
                        for s in res["samples"][mmlu.TASK_NAME]]
             report["tasks"][name] = {**mmlu.accuracy_table(samples), **{k: built[k] for k in (
-                "n_parse_skipped", "n_oov_skipped", "num_fewshot", "subject_line_chars_removed")}}
+                "n_parse_skipped", "n_oov_skipped", "num_fewshot", "shots", "n_truncated",
+                "subject_line_chars_removed")}}
         else:
             res = harness.run_tasks(lm, [name], include_path=include_path, limit=limit, num_fewshot=num_fewshot)
             report["tasks"][name] = res["results"][name]
@@ -166,6 +168,16 @@ def evaluate_run(run_dir: str | Path, tasks: str | Sequence[str] = BUILTIN_TASKS
     atomic_write_json(out, report)
     atomic_write_text(out.with_suffix(".md"), format_report(report) + "\n")
     return report
+
+
+def _shots(res: dict[str, Any]) -> str:
+    """``4-shot``, or what really fit the context: ``0–1 of 4 shots fit block_size``."""
+    shots = res.get("shots") or {"min": res["num_fewshot"], "max": res["num_fewshot"]}
+    if shots["min"] == shots["max"] == res["num_fewshot"]:
+        return f"{res['num_fewshot']}-shot"
+    fit = f"{shots['min']}" if shots["min"] == shots["max"] else f"{shots['min']}–{shots['max']}"
+    cut = f", {res['n_truncated']} prompts truncated" if res.get("n_truncated") else ""
+    return f"{fit} of {res['num_fewshot']} shots fit the context{cut}"
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -176,7 +188,7 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [f"**{report['run']}**", "", "| task | metric | value | ± stderr | chance | n |", "|---|---|---|---|---|---|"]
     for name, res in report["tasks"].items():
         if name == "mmlu_dev":
-            lines.append(f"| mmlu_dev ({res['num_fewshot']}-shot) | acc | {num(res['acc'])} | {num(res['acc_stderr'])} "
+            lines.append(f"| mmlu_dev ({_shots(res)}) | acc | {num(res['acc'])} | {num(res['acc_stderr'])} "
                          f"| {res['chance']} | {res['n']} (skipped: {res['n_parse_skipped']} unparsed, "
                          f"{res['n_oov_skipped']} out of vocabulary) |")
         elif name == "val_loss":

@@ -139,11 +139,16 @@ class CausalLM(GenerationMixin, nn.Module):
 
     @staticmethod
     def lm_loss(logits: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor | None:
-        """Mean next-token cross-entropy over all positions (targets ``-1`` are ignored)."""
+        """Mean next-token cross-entropy over all positions (targets ``-1`` are ignored).
+
+        Computed in float32 for narrower logits (bf16/fp16) and in the logits' own dtype when it
+        is wider (a float64 model gets a float64 loss).
+        """
         if targets is None:
             return None
-        return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1),
-                               ignore_index=-1)
+        if logits.dtype != torch.float64:
+            logits = logits.float()
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Number of parameters (shared tensors counted once).

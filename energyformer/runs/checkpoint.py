@@ -27,11 +27,13 @@ single process, DDP or FSDP2 resumes under any of them.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.nn as nn
@@ -39,7 +41,7 @@ import torch.nn as nn
 from energyformer.runs.rng import rng_state, set_rng_state
 from energyformer.runs.layout import CHECKPOINTS_DIR, CONFIG_FILE, MARKER_FILE, META_FILE, STATE_FILE, WEIGHTS_FILE
 from energyformer.runs.weights import load_weights, write_weights_file
-from energyformer.utils.io import atomic_write_json, temp_path_for
+from energyformer.utils.io import atomic_write_json, temp_path_for, usual_mode
 
 FORMAT_VERSION = 2
 _STEP_PREFIX = "step-"
@@ -129,13 +131,41 @@ def _make_temp_dir(root: Path, step: int) -> str:
 
 def _stage(tmp: Path, model: nn.Module, state: dict[str, Any], step: int,
            model_state: dict[str, torch.Tensor] | None) -> None:
-    """Write weights and train state into the temporary folder and flush both to disk."""
-    write_weights_file(model, tmp / WEIGHTS_FILE, {"step": str(step)}, state_dict=model_state)
-    torch.save(state, tmp / STATE_FILE)
+    """Write weights and train state into the temporary folder and flush both to disk.
+
+    Raises:
+        OSError: a writer failed (safetensors and ``torch.save`` report a full disk as their own
+            error types; they are raised as ``OSError``, ``ENOSPC`` when the message says so).
+    """
+    with _as_os_error(tmp / WEIGHTS_FILE):
+        write_weights_file(model, tmp / WEIGHTS_FILE, {"step": str(step)}, state_dict=model_state)
+    with _as_os_error(tmp / STATE_FILE):
+        torch.save(state, tmp / STATE_FILE)
     for name in (WEIGHTS_FILE, STATE_FILE):
+        usual_mode(tmp / name)  # safetensors writes 0600
         with open(tmp / name, "rb") as f:
             os.fsync(f.fileno())
+    usual_mode(tmp)  # mkdtemp makes 0700
     fsync_dir(tmp)
+
+
+_NO_SPACE = ("no space left", "storagefull", "code: 28", "file write failed")  # torch: "file write failed"
+
+
+@contextlib.contextmanager
+def _as_os_error(path: Path) -> Iterator[None]:
+    """Re-raise a writer's non-``OSError`` failure (``SafetensorError``, torch's ``RuntimeError``
+    "PytorchStreamWriter failed writing file") as an ``OSError`` naming ``path``."""
+    try:
+        yield
+    except OSError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the writers' own error types carry the I/O error as text
+        text = " ".join(str(e).split())
+        if type(e).__name__ != "SafetensorError" and "failed writing file" not in text:
+            raise
+        code = errno.ENOSPC if any(k in text.lower() for k in _NO_SPACE) else errno.EIO
+        raise OSError(code, f"{os.strerror(code)} ({type(e).__name__}: {text[:200]})", str(path)) from e
 
 
 def _publish(root: Path, tmp: Path, step: int, committed: dict[str, Any] | None) -> Path:

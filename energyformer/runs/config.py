@@ -323,7 +323,11 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any], overrides: Sequenc
     if not isinstance(arch, str) or arch not in ARCHS:
         raise ValueError(f"model.arch={arch!r} is not valid; expected one of {sorted(ARCHS)}")
     _, cfg_cls = get_arch(arch)
-    given = run_config_parser(cfg_cls, overrides=True).parse_args(list(overrides), defaults=False).as_dict()
+    override_parser = run_config_parser(cfg_cls, overrides=True)
+    if any(tok in ("--help", "-h") for tok in overrides):  # the help shows the recipe's values
+        _recipe_defaults(override_parser, raw, cfg_cls)
+        override_parser.set_defaults({"model.arch": arch})
+    given = override_parser.parse_args(list(overrides), defaults=False).as_dict()
     given = {section: dict(given.get(section) or {}) for section in SECTIONS}
     given["model"].pop("arch", None)
     # old key spellings are renamed in the recipe and in the overrides separately, so that an
@@ -345,6 +349,20 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any], overrides: Sequenc
     init = parser.instantiate(ns)
     explicit = {section: frozenset(raw[section]) for section in SECTIONS}
     return RunConfig(model=init.model, data=init.data, train=init.train, explicit=explicit, imports=imports)
+
+
+def _recipe_defaults(parser: RunConfigParser, raw: dict[str, Any], cfg_cls: type[ModelConfig]) -> None:
+    """Make the recipe's values the defaults ``--help`` shows (keys the parser lacks are skipped:
+    the recipe's own check names them when it is parsed)."""
+    from jsonargparse import ArgumentError
+
+    sections = {**raw, "model": cfg_cls.upgrade_dict({k: v for k, v in raw["model"].items() if k != "arch"})}
+    for section in SECTIONS:
+        for key, value in (sections.get(section) or {}).items():
+            try:
+                parser.set_defaults({f"{section}.{key}": value})
+            except (ArgumentError, KeyError, TypeError, ValueError):
+                pass
 
 
 def save_config(run_cfg: RunConfig, path: str | Path) -> Path:

@@ -8,6 +8,8 @@ override (``--train.max_steps 10``) is read by an :class:`ArgParser`, a
 - flag names may use ``-`` or ``_`` (``--max-new-tokens`` = ``--max_new_tokens``); a flag
   spelled as a Python keyword names the parameter with a trailing ``_`` (``--as`` → ``as_``);
 - a boolean option given alone means true (``--force``, ``--train.tensorboard``);
+- an integer option takes a whole number in scientific notation (``--train.max_steps 1e9`` is
+  ``1000000000``; ``1.5e0`` stays an error);
 - ``inf``, ``-inf``, ``nan`` (any case, also ``Infinity``) are numbers for a float option, and
   ``-1``, ``-1e-3``, ``-inf`` are values, not flags, so the option's own check names its range;
 - ``none`` / ``None`` (like ``null`` and ``~``) is null for an optional option; a plain ``str``
@@ -55,6 +57,26 @@ def type_name(tp: Any) -> str:
 
 def _accepts(tp: Any, kind: type) -> bool:
     return tp is kind or kind in typing.get_args(tp)
+
+
+_SCIENTIFIC = re.compile(r"^[+-]?\d+(\.\d*)?[eE][+]?\d+$")
+
+
+def _int_only(tp: Any) -> bool:
+    return _accepts(tp, int) and not _accepts(tp, float)
+
+
+def _scientific_int(value: Any) -> int | None:
+    """``"1e9"`` (or the float ``1e9``, as YAML reads ``1.0e+9``) → ``1000000000``: an integer
+    option takes a whole number written in scientific notation; anything else → ``None``."""
+    import decimal
+
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    if not isinstance(value, str) or not _SCIENTIFIC.match(value.strip()):
+        return None
+    number = decimal.Decimal(value.strip())
+    return int(number) if number == number.to_integral_value() and abs(number) < 10 ** 30 else None
 
 
 def _flat(obj: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -141,6 +163,8 @@ class ArgParser(ArgumentParser):
                 value = self._numbers(value, f"{dest}.")
             elif _accepts(self.hints.get(dest), float) and nonfinite_float(value) is not None:
                 value = nonfinite_float(value)
+            elif _int_only(self.hints.get(dest)) and _scientific_int(value) is not None:
+                value = _scientific_int(value)
             out[key] = value
         return out
 
@@ -168,7 +192,11 @@ class ArgParser(ArgumentParser):
                 name += "_"
             apart = not eq and i + 1 < len(tokens)  # `--flag VALUE`
             x = nonfinite_float(tokens[i + 1] if apart else value) if _accepts(parser.hints.get(name), float) else None
-            if x is None:
+            n = _scientific_int(tokens[i + 1] if apart else value) if _int_only(parser.hints.get(name)) else None
+            if n is not None:
+                out.append(f"--{name}={n}")
+                i += apart
+            elif x is None:
                 out.append(f"--{name}{eq}{value}")
             else:
                 out.append(f"--{name}={'.nan' if math.isnan(x) else '.inf' if x > 0 else '-.inf'}")

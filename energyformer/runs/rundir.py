@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -79,6 +80,30 @@ def lock_run_dir(run_dir: str | Path) -> Iterator[Path]:
         yield run_dir
     finally:
         os.close(fd)  # releases the lock
+
+
+def warn_if_training(run_dir: str | Path) -> int | None:
+    """Warn (one line) when a training holds ``run_dir``'s lock: the committed checkpoint is not
+    the run's last; returns its step then (else ``None``). Never creates or locks anything."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: nothing is locked
+        return None
+    path = Path(run_dir) / LOCK_FILE
+    if not path.is_file():
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        step = (find_checkpoint(run_dir) or {}).get("step")
+        if step is not None:
+            warnings.warn(f"using step {step} of a run still training ({str(run_dir)!r}); later "
+                          "checkpoints will differ", UserWarning, stacklevel=2)
+        return step
+    finally:
+        os.close(fd)
 
 
 def write_run_files(run_dir: str | Path, run_cfg: RunConfig, meta: dict[str, Any], write_meta: bool = True) -> None:

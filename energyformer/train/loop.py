@@ -117,6 +117,8 @@ def _train(run_cfg: RunConfig, info: dist.DistInfo, progress: bool | None) -> di
     with preflight.locked(out_dir, info):
         run_cfg, start = _choose_start(run_cfg, data, info, say)
         tc = run_cfg.train
+        if info.is_main:
+            preflight.warn_schedule(tc)
         amp = _set_up_process(tc, info.device)
         data_gen = torch.Generator().manual_seed(tc.seed)  # the one stream of training batches
         model = _build(run_cfg, start, info)

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,19 @@ def check_memory(mc: Any, device: torch.device, info: dist.DistInfo) -> None:
         raise ValueError(f"the model has {n:,} parameters: training needs at least {need / 2**30:.1f} GiB "
                          f"(weights, gradients, AdamW state) but {device} has {have / 2**30:.1f} GiB; reduce "
                          "model.d_model, model.n_layers or model.vocab_size")
+
+
+def warn_schedule(tc: TrainConfig) -> None:
+    """Warn (``UserWarning``, one line) when the warmup is longer than the whole run: the learning
+    rate then never reaches ``train.learning_rate``."""
+    if 0 < tc.max_steps < tc.warmup_steps:
+        from energyformer.train.optim import lr_at
+
+        peak = lr_at(tc.max_steps - 1, tc)
+        warnings.warn(f"train.warmup_steps={tc.warmup_steps} is longer than train.max_steps={tc.max_steps}: "
+                      f"the learning rate peaks at {peak:.3g} at the last step and never reaches "
+                      f"train.learning_rate={tc.learning_rate:g}; lower train.warmup_steps", UserWarning,
+                      stacklevel=2)
 
 
 def memory_bytes(device: torch.device) -> float | None:

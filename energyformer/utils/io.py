@@ -35,9 +35,15 @@ def temp_path_for(path: str | Path) -> Path:
     return Path(name)
 
 
+def usual_mode(path: str | Path) -> None:
+    """Give a file ``0o666 & ~umask`` and a directory ``0o777 & ~umask`` (what ``open`` and
+    ``mkdir`` give), undoing the ``0o600``/``0o700`` of ``mkstemp``, ``mkdtemp`` and safetensors."""
+    os.chmod(path, (0o777 if os.path.isdir(path) else 0o666) & ~_umask())
+
+
 def commit(tmp: str | Path, path: str | Path) -> Path:
     """Give ``tmp`` normal permissions, fsync it and ``os.replace`` it onto ``path``."""
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp (and safetensors) create 0600 files
+    usual_mode(tmp)  # mkstemp (and safetensors) create 0600 files
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
