@@ -179,7 +179,8 @@ def train(recipe: str, overrides: Sequence[str] = (), progress: bool | None = No
     run written by `energyformer import-hf`, which has no train state to resume).
 
     Args:
-        recipe: YAML recipe (model/data/train sections, optionally base: other.yaml).
+        recipe: YAML recipe (model/data/train sections, optionally base: other.yaml), or a bundled
+            one by name when no such file exists here (shakespeare_char/nrgpt.yaml).
         overrides: --section.key VALUE tokens.
         progress: show a progress bar (None: only on a terminal).
         imports: plugin modules (``energyformer --import MODULE``), already imported; recorded in
@@ -198,7 +199,9 @@ def train(recipe: str, overrides: Sequence[str] = (), progress: bool | None = No
     from energyformer.runs.rundir import CONFIG_FILE
     from energyformer.train import train as run_training
     from energyformer.train.loop import train_on_hint
+    from energyformer.utils.bundled import find_recipe
 
+    recipe = find_recipe(recipe)
     if (Path(recipe) / CONFIG_FILE).is_file():  # a run directory where a recipe belongs
         raise ValueError(f"{recipe!r} is a run directory, not a recipe YAML file; {train_on_hint(recipe)}")
     run_cfg = load_config(recipe, overrides, resolve_vocab=True)
