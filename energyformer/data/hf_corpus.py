@@ -253,9 +253,11 @@ def build_tokenizer(s: HFSettings, say: Callable[[str], None]) -> dict[str, Any]
 # ----------------------------------------------------------------------------------------------
 
 def _identity(s: HFSettings) -> dict[str, Any]:
-    """The settings a shard depends on (not ``num_proc``: any process count gives the same ids)."""
+    """The settings the shards depend on (not ``num_proc``: any process count gives the same ids; not
+    ``val_fraction``: the split is made when the shards are joined)."""
     bpe_only = ("vocab_size", "bpe_train_documents")
-    return {k: v for k, v in asdict(s).items() if k != "num_proc" and (s.tokenizer == "bpe" or k not in bpe_only)}
+    return {k: v for k, v in asdict(s).items()
+            if k not in ("num_proc", "val_fraction") and (s.tokenizer == "bpe" or k not in bpe_only)}
 
 
 def _load_progress(shards: Path, settings: dict[str, Any], say: Callable[[str], None]) -> dict[str, Any] | None:
@@ -333,7 +335,8 @@ def _join_shards(out_dir: Path, shards: Path, state: dict[str, Any], val_fractio
 
 def _expected(s: HFSettings, out_dir: Path) -> dict[str, Any]:
     ident = source_identity(s)
-    return {"dataset": out_dir.name, "tokenizer": s.tokenizer, "hf_settings": _identity(s),
+    return {"dataset": out_dir.name, "tokenizer": s.tokenizer, "val_fraction": s.val_fraction,
+            "hf_settings": _identity(s),
             **{f"source.{k}": v for k, v in ident.items()}}
 
 
