@@ -71,7 +71,8 @@ def _same_files(a, b) -> bool:
     return all((a / n).read_bytes() == (b / n).read_bytes() for n in ("train.bin", "val.bin"))
 
 
-def _crash_after_first_shard(monkeypatch):
+def _interrupted(tmp_path, monkeypatch, src, name, shard_documents):
+    """A prepare killed after its first shard; the monkeypatch is undone."""
     real_write = hf_corpus.write_shard
 
     def crash(shards, state, n, ids):
@@ -80,19 +81,18 @@ def _crash_after_first_shard(monkeypatch):
         real_write(shards, state, n, ids)
 
     monkeypatch.setattr(hf_corpus, "write_shard", crash)
+    with pytest.raises(KeyboardInterrupt):
+        _prep(tmp_path, src, name, shard_documents=shard_documents)
+    monkeypatch.undo()
 
 
 def test_an_interrupted_prepare_resumes_after_its_finished_shards(tmp_path, monkeypatch):
     src = _jsonl(tmp_path / "c.jsonl")
     whole = _prep(tmp_path, src, "whole", shard_documents=5)
-    _crash_after_first_shard(monkeypatch)
-    with pytest.raises(KeyboardInterrupt):
-        _prep(tmp_path, src, "part", shard_documents=5)
+    _interrupted(tmp_path, monkeypatch, src, "part", 5)
     progress = json.loads((tmp_path / "part" / "shards" / "progress.json").read_text())
     assert [s["n_documents"] for s in progress["shards"]] == [5]
     assert not (tmp_path / "part" / "meta.json").exists()
-
-    monkeypatch.undo()
     encoded = []
     real_encode = hf_corpus._encode_documents
     monkeypatch.setattr(hf_corpus, "_encode_documents", lambda texts: encoded.extend(texts) or real_encode(texts))
@@ -109,10 +109,7 @@ def test_an_interrupted_prepare_resumes_after_its_finished_shards(tmp_path, monk
 def test_shards_of_other_settings_are_not_reused(tmp_path, monkeypatch):
     src = _jsonl(tmp_path / "c.jsonl")
     fresh = _prep(tmp_path, src, "fresh", shard_documents=7)
-    _crash_after_first_shard(monkeypatch)
-    with pytest.raises(KeyboardInterrupt):
-        _prep(tmp_path, src, "x", shard_documents=5)
-    monkeypatch.undo()
+    _interrupted(tmp_path, monkeypatch, src, "x", 5)
     out = _prep(tmp_path, src, "x", shard_documents=7)  # a 5-document shard would split differently
     assert _same_files(out, fresh)
 
