@@ -1,5 +1,6 @@
 """``train.wandb``: the Weights & Biases logger beside metrics.jsonl, in offline mode (no account, no network)."""
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import make_data_dir
@@ -8,6 +9,8 @@ from energyformer.cli import main
 from energyformer.runs import load_config
 from energyformer.train import train
 from energyformer.train.metrics import WANDB_ID_FILE, MetricsLogger
+
+RECIPE = str(Path(__file__).resolve().parents[1] / "configs" / "shakespeare_char" / "gpt.yaml")
 
 
 @pytest.fixture
@@ -58,7 +61,7 @@ def test_missing_wandb_is_one_line_naming_the_extra(tmp_path, monkeypatch, capsy
     with pytest.raises(ModuleNotFoundError, match=r"energyformer\[wandb\]"):
         MetricsLogger(tmp_path / "x", wandb={"project": "p", "name": "n", "config": {}})
     data = make_data_dir(tmp_path / "data")
-    code = main(["train", "configs/shakespeare_char/gpt.yaml", "--data.data_dir", str(data), "--train.wandb",
+    code = main(["train", RECIPE, "--data.data_dir", str(data), "--train.wandb",
                  "--train.max_steps", "1", "--train.out_dir", str(tmp_path / "run"), "--train.device", "cpu",
                  "--model.d_model", "16", "--model.n_layers", "1", "--model.block_size", "8",
                  "--train.batch_size", "2", "--train.compile", "false"])
@@ -72,4 +75,4 @@ def test_missing_wandb_is_one_line_naming_the_extra(tmp_path, monkeypatch, capsy
 ])
 def test_bad_wandb_options_are_named(override, message):
     with pytest.raises(ValueError, match=message):
-        load_config("configs/shakespeare_char/gpt.yaml", override)
+        load_config(RECIPE, override)
