@@ -132,7 +132,8 @@ def _prepare_table() -> dict[str, tuple[Callable[..., Path], type | None]]:
 def _unknown_dataset(name: str) -> str:
     names = ", ".join(map(repr, _prepare_table()))
     return (f"dataset={name!r} is not valid; expected one of {names} "
-            f"({TEXT_DATASET!r}: any UTF-8 text file, with --input FILE)")
+            f"({TEXT_DATASET!r}: any UTF-8 text file, with --input FILE; {HF_DATASET!r}: a Hugging Face "
+            f"dataset or local jsonl/parquet/txt files, with --dataset NAME_OR_PATH)")
 
 
 class _PrepareParser(ArgParser):
