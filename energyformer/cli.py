@@ -62,7 +62,7 @@ COMMANDS: dict[str, tuple[Callable[..., Any], Callable[[Any], str] | None]] = {
 _SKIP = {"train": {"overrides", "progress", "imports"}, "info": {"overrides"}, "compare": {"run_dirs"}}
 # optional packages → the extra that installs them (named in the error when one is missing)
 OPTIONAL_PACKAGES = {"matplotlib": "viz", "tensorboard": "viz", "transformers": "hf", "tokenizers": "hf",
-                     "lm_eval": "eval"}
+                     "lm_eval": "eval", "wandb": "wandb"}
 
 
 def _command_parser(name: str, fn: Callable[..., Any]) -> ArgParser:

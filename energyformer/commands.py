@@ -17,6 +17,7 @@ from energyformer.runs.parser import ArgParser
 
 SAMPLE_SEPARATOR = "\n---------------\n"
 TEXT_DATASET = "text"  # `energyformer prepare text --input FILE`: any UTF-8 text file
+HF_DATASET = "hf"  # `energyformer prepare hf --dataset NAME_OR_PATH`: what the `datasets` library reads
 
 
 # ------------------------------------------------------------------------------------------------
@@ -100,22 +101,39 @@ def prepare_text(name: str, input: str | None = None, out: str | None = None, to
     return prepare_text_file(input, out_dir=out, tokenizer=tokenizer, val_fraction=val_fraction, force=force)
 
 
+def prepare_hf(name: str, out_root: str = "data", out: str | None = None, force: bool = False,
+               settings: dict[str, Any] | None = None) -> Path:
+    """A Hugging Face dataset or local jsonl/parquet/text files, tokenized in resumable shards (docs/data.md).
+
+    Args:
+        name: the dataset kind (hf).
+        out_root: parent folder of the dataset folder.
+        out: the dataset folder (default OUT_ROOT/<last part of --dataset>).
+        force: rebuild even if up to date (finished shards of the same settings are reused).
+    """
+    from energyformer.data.hf_corpus import HFSettings, prepare_hf as prepare_corpus
+
+    return prepare_corpus(HFSettings(**(settings or {})), out_dir=out, out_root=out_root, force=force)
+
+
 def _prepare_table() -> dict[str, tuple[Callable[..., Path], type | None]]:
     """Dataset name -> (builder, its settings dataclass: more flags, or None)."""
     from energyformer.data import DATASETS
     from energyformer.data.gp import GPSettings
+    from energyformer.data.hf_corpus import HFSettings
     from energyformer.data.listops import ListOpsSettings
 
     table = {"shakespeare_char": (prepare_shakespeare_char, None), "english": (prepare_english, None),
              "listops": (prepare_generated, ListOpsSettings), "gp": (prepare_generated, GPSettings),
-             TEXT_DATASET: (prepare_text, None)}
-    return {name: table[name] for name in (*DATASETS, TEXT_DATASET)}
+             TEXT_DATASET: (prepare_text, None), HF_DATASET: (prepare_hf, HFSettings)}
+    return {name: table[name] for name in (*DATASETS, TEXT_DATASET, HF_DATASET)}
 
 
 def _unknown_dataset(name: str) -> str:
     names = ", ".join(map(repr, _prepare_table()))
     return (f"dataset={name!r} is not valid; expected one of {names} "
-            f"({TEXT_DATASET!r}: any UTF-8 text file, with --input FILE)")
+            f"({TEXT_DATASET!r}: any UTF-8 text file, with --input FILE; {HF_DATASET!r}: a Hugging Face "
+            f"dataset or local jsonl/parquet/txt files, with --dataset NAME_OR_PATH)")
 
 
 class _PrepareParser(ArgParser):
@@ -179,7 +197,8 @@ def train(recipe: str, overrides: Sequence[str] = (), progress: bool | None = No
     run written by `energyformer import-hf`, which has no train state to resume).
 
     Args:
-        recipe: YAML recipe (model/data/train sections, optionally base: other.yaml).
+        recipe: YAML recipe (model/data/train sections, optionally base: other.yaml), or a bundled
+            one by name when no such file exists here (shakespeare_char/nrgpt.yaml).
         overrides: --section.key VALUE tokens.
         progress: show a progress bar (None: only on a terminal).
         imports: plugin modules (``energyformer --import MODULE``), already imported; recorded in
@@ -198,7 +217,9 @@ def train(recipe: str, overrides: Sequence[str] = (), progress: bool | None = No
     from energyformer.runs.rundir import CONFIG_FILE
     from energyformer.train import train as run_training
     from energyformer.train.loop import train_on_hint
+    from energyformer.utils.bundled import find_recipe
 
+    recipe = find_recipe(recipe)
     if (Path(recipe) / CONFIG_FILE).is_file():  # a run directory where a recipe belongs
         raise ValueError(f"{recipe!r} is a run directory, not a recipe YAML file; {train_on_hint(recipe)}")
     run_cfg = load_config(recipe, overrides, resolve_vocab=True)

@@ -205,8 +205,9 @@ CLI_CASES = [
     ("compare-run-missing", lambda c: ["compare", str(c.root / "norun")], r"summary\.json'? not found"),
     ("compare-plot-without-matplotlib", _no_matplotlib, r"needs the optional package 'matplotlib', which is not installed; pip install 'energyformer\[viz\]'"),
     ("prepare-unknown-dataset", lambda c: ["prepare", "tinystories", "--out_root", str(c.root / "d")],
-     r"dataset='tinystories' is not valid; expected one of " + ", ".join(f"'{n}'" for n in (*DATASETS, "text"))
-     + r" \('text': any UTF-8 text file, with --input FILE\)"),
+     r"dataset='tinystories' is not valid; expected one of " + ", ".join(f"'{n}'" for n in (*DATASETS, "text", "hf"))
+     + r" \('text': any UTF-8 text file, with --input FILE; 'hf': a Hugging Face dataset or local "
+     r"jsonl/parquet/txt files, with --dataset NAME_OR_PATH\)"),
     ("prepare-text-without-input", lambda c: ["prepare", "text"], r"prepare text needs --input FILE"),
     ("prepare-text-val-fraction-inf", lambda c: ["prepare", "text", "--input", str(c.root / "no.txt"), "--val_fraction", "inf"],
      r"val_fraction=inf must be a finite number > 0\.0 and <= 0\.5$"),

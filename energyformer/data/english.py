@@ -24,7 +24,7 @@ import hashlib
 import json
 import tarfile
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -70,20 +70,21 @@ def _clean(text: str) -> str:
     return text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n").strip("\n") + "\n"
 
 
-def train_bpe(texts: Sequence[str], vocab_size: int = 8192):
+def train_bpe(texts: Iterable[str], vocab_size: int = 8192, special_tokens: Sequence[str] = (),
+              max_vocab: int = 65535):
     """A byte-level BPE (``tokenizers.Tokenizer``) trained on ``texts``: GPT-2 pre-tokenizer, all 256 bytes
-    in the alphabet, no special tokens.
+    in the alphabet; ``special_tokens`` (e.g. ``<|endoftext|>``) take the first ids.
 
     Raises:
-        ValueError: ``vocab_size`` < 257 or > 65535 (ids are stored as uint16).
+        ValueError: ``vocab_size`` < 257 or > ``max_vocab`` (65535: ids stored as uint16).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    check_int("vocab_size", vocab_size, 257, maximum=65535)
+    check_int("vocab_size", vocab_size, 257, maximum=max_vocab)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False, special_tokens=list(special_tokens),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(texts, trainer=trainer)
     return tok

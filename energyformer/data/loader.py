@@ -1,7 +1,7 @@
-"""Reading prepared datasets: ``meta.json``, uint16 memmap splits and random training batches.
+"""Reading prepared datasets: ``meta.json``, uint16 / uint32 memmap splits and random training batches.
 
-A prepared data directory holds ``train.bin`` and ``val.bin`` (raw little-endian uint16 token
-ids, read as ``np.memmap``) and ``meta.json`` (read by :func:`energyformer.data.meta.load_meta`;
+A prepared data directory holds ``train.bin`` and ``val.bin`` (raw little-endian token ids of
+``meta["dtype"]``, uint16 or uint32, read as ``np.memmap``) and ``meta.json`` (read by :func:`energyformer.data.meta.load_meta`;
 its fields are listed in :mod:`energyformer.data.prepare`).
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from .._validate import check_choice, check_int
-from .meta import SPLITS, TOKEN_DTYPE, load_meta, prepare_hint
+from .meta import SPLITS, load_meta, prepare_hint, token_dtype
 
 
 def load_split(data_dir: str | Path, split: str) -> np.memmap:
@@ -23,11 +23,13 @@ def load_split(data_dir: str | Path, split: str) -> np.memmap:
         split: ``"train"`` or ``"val"``.
 
     Returns:
-        read-only ``np.memmap`` of dtype uint16 and shape (n_train,) or (n_val,).
+        read-only ``np.memmap`` of dtype ``meta["dtype"]`` (uint16 or uint32) and shape
+        (n_train,) or (n_val,).
 
     Raises:
-        ValueError: ``split`` is not "train"/"val", or the file size disagrees with meta.json
-            (truncated or stale file; the message says to re-prepare with --force).
+        ValueError: ``split`` is not "train"/"val", an unknown ``dtype`` in meta.json, or the file
+            size disagrees with meta.json (truncated or stale file; the message says to
+            re-prepare with --force).
         FileNotFoundError: meta.json or the ``.bin`` file is missing.
     """
     check_choice("split", split, SPLITS)
@@ -37,15 +39,16 @@ def load_split(data_dir: str | Path, split: str) -> np.memmap:
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found; {prepare_hint(data_dir)}")
     n_tokens = int(meta[f"n_{split}"])
-    expected = n_tokens * np.dtype(TOKEN_DTYPE).itemsize
+    dtype = token_dtype(meta)
+    expected = n_tokens * dtype.itemsize
     size = path.stat().st_size
     if size != expected:
         raise ValueError(
-            f"{path} has {size} bytes but meta.json says n_{split}={n_tokens} uint16 tokens "
+            f"{path} has {size} bytes but meta.json says n_{split}={n_tokens} {dtype.name} tokens "
             f"({expected} bytes): the file is truncated or stale; re-prepare the dataset with --force")
     if n_tokens == 0:
         raise ValueError(f"{path} is empty (n_{split}=0); re-prepare the dataset")
-    return np.memmap(path, dtype=TOKEN_DTYPE, mode="r", shape=(n_tokens,))
+    return np.memmap(path, dtype=dtype, mode="r", shape=(n_tokens,))
 
 
 def _check_batch_args(data, batch_size: int, block_size: int, generator) -> None:

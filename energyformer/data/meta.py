@@ -1,7 +1,8 @@
 """The format of a prepared data directory and the one reader of its ``meta.json``.
 
-A prepared directory holds ``train.bin`` and ``val.bin`` (raw little-endian uint16 token ids)
-and ``meta.json`` (written last by :mod:`energyformer.data.prepare`; its fields are listed
+A prepared directory holds ``train.bin`` and ``val.bin`` (raw little-endian token ids of the
+dtype ``meta["dtype"]``: ``uint16``, the default when absent, or ``uint32`` for vocabularies over
+65,535 ids; :func:`token_dtype`) and ``meta.json`` (written last by :mod:`energyformer.data.prepare`; its fields are listed
 there). Everything that needs a dataset's metadata reads it with :func:`load_meta`; a run
 directory's copy of it is read through ``energyformer.runs``.
 """
@@ -17,7 +18,26 @@ FORMAT_VERSION = 1
 META_FILE = "meta.json"
 DATASETS = ("shakespeare_char", "listops", "gp", "english")  # names that `energyformer prepare NAME` builds
 SPLITS = ("train", "val")
-TOKEN_DTYPE = np.uint16
+TOKEN_DTYPE = np.uint16  # the dtype of the token files of a vocabulary that fits it
+TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+MAX_UINT16_VOCAB = 65535  # id 65535 is kept free
+
+
+def dtype_for_vocab(vocab_size: int) -> str:
+    """``"uint16"`` for ``vocab_size <= 65535``, else ``"uint32"``: the name the token files are written in."""
+    return "uint16" if vocab_size <= MAX_UINT16_VOCAB else "uint32"
+
+
+def token_dtype(meta: dict) -> np.dtype:
+    """The numpy dtype of a prepared directory's ``.bin`` files (``meta["dtype"]``, default uint16).
+
+    Raises:
+        ValueError: a ``dtype`` that is not one of ``TOKEN_DTYPES``.
+    """
+    name = meta.get("dtype", "uint16")
+    if name not in TOKEN_DTYPES:
+        raise ValueError(f"dtype={name!r} in meta.json is not valid; expected one of {sorted(TOKEN_DTYPES)}")
+    return np.dtype(TOKEN_DTYPES[name])
 REQUIRED_META_KEYS = ("tokenizer", "vocab_size", "n_train", "n_val", "format_version")
 
 

@@ -27,12 +27,10 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
-
 from .._validate import check_choice, check_float, check_int
 from ..utils.io import atomic_write_bytes
 from . import shakespeare
-from .meta import DATASETS, FORMAT_VERSION, META_FILE, TOKEN_DTYPE, load_meta
+from .meta import DATASETS, FORMAT_VERSION, META_FILE, TOKEN_DTYPE, load_meta, token_dtype
 from .shakespeare import DataPreparationError, sha256_file
 from .tokenizers import MAX_UINT16_VOCAB, CharTokenizer
 
@@ -166,12 +164,16 @@ def check_prepared(out_dir: str | Path, expected: dict[str, Any]) -> str | None:
         have = _get(meta, key)
         if have != want:
             return f"{key} is {'missing' if have is KeyError else repr(have)}, expected {want!r}"
+    try:
+        itemsize = token_dtype(meta).itemsize
+    except ValueError as e:
+        return str(e)
     for split in ("train", "val"):
         path = out_dir / f"{split}.bin"
         n = meta.get(f"n_{split}")
         if not path.is_file():
             return f"{path.name} is missing"
-        if not isinstance(n, int) or path.stat().st_size != n * np.dtype(TOKEN_DTYPE).itemsize:
+        if not isinstance(n, int) or path.stat().st_size != n * itemsize:
             return f"{path.name} has the wrong size (truncated?)"
         if sha256_file(path) != meta.get(f"{split}_sha256"):
             return f"{path.name} does not match its sha256 in meta.json (corrupt?)"

@@ -13,9 +13,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .meta import load_meta
-
-MAX_UINT16_VOCAB = 65535  # ids are stored as uint16; id 65535 is kept free
+from .meta import MAX_UINT16_VOCAB, load_meta  # noqa: F401 - MAX_UINT16_VOCAB is re-exported
 
 
 class CharTokenizer:

@@ -51,7 +51,8 @@ QUICK: dict[str, dict[str, Any]] = {
 }
 
 #: run-time options that do not change what a run computes (ignored when matching a finished run)
-RUNTIME_KEYS = ("out_dir", "num_threads", "device", "resume", "tensorboard", "compile", "init_from")
+RUNTIME_KEYS = ("out_dir", "num_threads", "device", "resume", "tensorboard", "compile", "init_from", "wandb",
+                "wandb_project", "wandb_run_name")
 
 #: converged: the fitted validation loss fell by less than this fraction across the window
 PLATEAU_REL = 0.01

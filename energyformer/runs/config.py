@@ -141,6 +141,11 @@ class TrainConfig:
         compile: ``torch.compile`` the model; null = on for CUDA only.
         num_threads: CPU threads for torch; null = torch's default.
         tensorboard: also write TensorBoard logs to ``out_dir/tb``.
+        wandb: also log to Weights & Biases (``pip install 'energyformer[wandb]'``; files in
+            ``out_dir/wandb``; ``WANDB_MODE=offline`` needs no account); a resumed run continues
+            the same W&B run.
+        wandb_project: the W&B project (null: ``energyformer``).
+        wandb_run_name: the W&B run name (null: the name of ``out_dir``).
         parallel: under torchrun, ``"ddp"`` (DistributedDataParallel) or ``"fsdp"`` (FSDP2
             ``fully_shard`` per layer / recurrent block); ignored by a single process.
         activation_checkpointing: recompute activations in the backward (per layer, per recurrent
@@ -180,6 +185,9 @@ class TrainConfig:
     compile: bool | None = None
     num_threads: int | None = None
     tensorboard: bool = False
+    wandb: bool = False
+    wandb_project: str | None = None
+    wandb_run_name: str | None = None
     parallel: str = "ddp"
     activation_checkpointing: bool = False
     deterministic: bool = False
@@ -230,6 +238,11 @@ class TrainConfig:
             check_int("train.num_threads", self.num_threads, 1)
         if not isinstance(self.tensorboard, bool):
             raise ValueError(f"train.tensorboard={self.tensorboard!r} must be true or false")
+        if not isinstance(self.wandb, bool):
+            raise ValueError(f"train.wandb={self.wandb!r} must be true or false")
+        for key in ("wandb_project", "wandb_run_name"):
+            if getattr(self, key) is not None:
+                _check_nonempty_str(f"train.{key}", getattr(self, key))
         check_choice("train.parallel", self.parallel, PARALLEL)
         if not isinstance(self.deterministic, bool):
             raise ValueError(f"train.deterministic={self.deterministic!r} must be true or false")

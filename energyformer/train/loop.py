@@ -53,7 +53,7 @@ from energyformer.runs.rng import rng_state, seed_everything, set_rng_state
 from energyformer.runs.weights import load_weights
 from energyformer.train import distributed as dist
 from energyformer.train import preflight
-from energyformer.train.metrics import MetricsLogger, peak_flops
+from energyformer.train.metrics import MetricsLogger, logger_options, peak_flops
 from energyformer.train.optim import build_optimizer, lr_at
 from energyformer.train.parallelize import parallelize
 from energyformer.train.preflight import resolve_resumed_train, train_on_hint
@@ -304,7 +304,7 @@ class _Loop:
         process-wide denormal setting."""
         tc, info = self.tc, self.info
         metrics = MetricsLogger(self.out_dir, keep_until_step=self.start_step if resumed else None,
-                                tensorboard=tc.tensorboard) if info.is_main else None
+                                **logger_options(self.run_cfg)) if info.is_main else None
         bar = tqdm(total=tc.max_steps, initial=self.start_step, desc="train", unit="step", dynamic_ncols=True,
                    disable=True if not info.is_main else ((not progress) if progress is not None else None))
         interval = [0, 0.0]  # tokens, seconds since the last log line

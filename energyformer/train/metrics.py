@@ -1,4 +1,5 @@
-"""Training logs: ``metrics.jsonl`` (one JSON object per log line) and optional TensorBoard; the
+"""Training logs: ``metrics.jsonl`` (one JSON object per log line), optional TensorBoard and
+Weights & Biases (``train.tensorboard``, ``train.wandb``; :func:`logger_options` reads them); the
 peak FLOP/s table the logged MFU divides by (:func:`peak_flops`).
 
 Each record has at least ``step``, ``train_loss``, ``lr``, ``tokens_per_s``; evaluation steps add
@@ -68,6 +69,39 @@ def peak_flops(device: Any) -> float | None:
     return peak_flops_for_name(torch.cuda.get_device_name(device))
 
 
+WANDB_ID_FILE = "wandb_run_id"  # in the run directory: a resumed run continues the same W&B run
+
+
+def logger_options(run_cfg: Any) -> dict[str, Any]:
+    """The :class:`MetricsLogger` options of a run config (``train.tensorboard``, ``train.wandb*``)."""
+    tc = run_cfg.train
+    wandb = None
+    if tc.wandb:
+        wandb = {"project": tc.wandb_project or "energyformer",
+                 "name": tc.wandb_run_name or Path(tc.out_dir).name, "config": run_cfg.to_dict()}
+    return {"tensorboard": tc.tensorboard, "wandb": wandb}
+
+
+def start_wandb(out_dir: Path, resume: bool, project: str, name: str, config: dict[str, Any]) -> Any:
+    """A ``wandb`` run logging into ``out_dir/wandb``; a resumed training run continues the W&B run
+    whose id ``out_dir/wandb_run_id`` holds. ``WANDB_MODE=offline`` works without an account.
+
+    Raises:
+        ModuleNotFoundError: wandb is not installed (the CLI names ``pip install 'energyformer[wandb]'``).
+    """
+    try:
+        import wandb
+    except ImportError as e:
+        raise ModuleNotFoundError("train.wandb=true needs the optional package 'wandb', which is not installed; "
+                                  "pip install 'energyformer[wandb]'", name="wandb") from e
+    id_file = out_dir / WANDB_ID_FILE
+    run_id = id_file.read_text(encoding="utf-8").strip() if resume and id_file.is_file() else None
+    run = wandb.init(project=project, name=name, config=config, dir=str(out_dir), id=run_id,
+                     resume="allow" if run_id else None)
+    atomic_write_text(id_file, run.id + "\n")
+    return run
+
+
 class MetricsLogger:
     """Append records to ``out_dir/metrics.jsonl`` and, optionally, TensorBoard (``out_dir/tb``).
 
@@ -78,16 +112,24 @@ class MetricsLogger:
             the lines of steps that will be trained again).
         tensorboard: also write scalars with ``torch.utils.tensorboard.SummaryWriter``; when
             TensorBoard is not installed a warning is issued and only the JSONL is written.
+        wandb: also log every record to Weights & Biases: ``{"project", "name", "config"}``
+            (:func:`start_wandb`); None: off.
+
+    Raises:
+        ModuleNotFoundError: ``wandb`` given but the package is not installed.
     """
 
-    def __init__(self, out_dir: str | Path, keep_until_step: int | None = None, tensorboard: bool = False):
+    def __init__(self, out_dir: str | Path, keep_until_step: int | None = None, tensorboard: bool = False,
+                 wandb: dict[str, Any] | None = None):
         self.path = Path(out_dir) / METRICS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
         kept = [] if keep_until_step is None else [r for r in read_metrics(out_dir)
                                                    if r.get("step", 0) <= keep_until_step]
         atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         self._file = open(self.path, "a", encoding="utf-8")
-        self._tb = None
+        self._tb = self._wandb = None
+        if wandb is not None:
+            self._wandb = start_wandb(Path(out_dir), keep_until_step is not None, **wandb)
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -102,16 +144,21 @@ class MetricsLogger:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         self._file.write(json.dumps(clean) + "\n")
         self._file.flush()
+        scalars = {k: v for k, v in clean.items()
+                   if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        step = int(record["step"])
         if self._tb is not None:
-            step = int(record["step"])
-            for key, value in clean.items():
-                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self._tb.add_scalar(key, value, step)
+            for key, value in scalars.items():
+                self._tb.add_scalar(key, value, step)
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=step)
 
     def close(self) -> None:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
 
     def __enter__(self) -> "MetricsLogger":
         return self
