@@ -28,7 +28,9 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, Gener
 
 from energyformer.hf.configuration import EnergyformerConfig, config_for
 from energyformer.hf.convert import from_gpt2, from_llama, to_gpt2, to_llama
+from energyformer.hf.model_card import write_model_card
 from energyformer.hf.modeling import MODEL_CLASSES
+from energyformer.hf.remote_code import auto_map, write_remote_code
 from energyformer.hf.tokenizer import char_vocab, run_tokenizer
 from energyformer.models.registry import build_model
 from energyformer.runs.checkpoint import find_checkpoint
@@ -123,11 +125,20 @@ def export_run(run_dir: str | Path, to: str | Path, as_: str = "energyformer", p
         if missing or result.unexpected_keys:  # a bug in convert.py, not a user error
             raise RuntimeError(f"conversion left {sorted(missing)} missing, {result.unexpected_keys} unexpected")
     hf.generation_config = generation_config(tokenizer, c.vocab_size, use_cache=True)
-    hf.config.pad_token_id = tokenizer.pad_token_id
+    if tokenizer.pad_token_id is not None and tokenizer.pad_token_id < c.vocab_size:
+        hf.config.pad_token_id = tokenizer.pad_token_id  # else the tokenizer's own <pad>, never embedded
+    remote_code = as_ == "energyformer" and not run_cfg.imports
+    if remote_code:
+        hf.config.auto_map = auto_map(c.arch)
     to.mkdir(parents=True, exist_ok=True)
+    for old in [*to.glob("energyformer_*.py"), *to.glob("*_energyformer.py")]:  # an earlier export's code
+        old.unlink()
     with progress_bars(progress):
         hf.eval().save_pretrained(to)
         tokenizer.save_pretrained(to)
+    if remote_code:
+        write_remote_code(c.arch, to)
+    write_model_card(to, run_dir, model, run_cfg, meta, find_checkpoint(run_dir) or {}, as_, remote_code)
     return to
 
 
