@@ -157,6 +157,8 @@ _STOCK_SCRIPT = textwrap.dedent("""
     text, results = sys.argv[1], {}
     for folder in sys.argv[2:]:
         tok, model = AutoTokenizer.from_pretrained(folder), AutoModelForCausalLM.from_pretrained(folder)
+        assert tok.pad_token is None and len(tok) == model.config.vocab_size  # no <pad> past the vocabulary
+        tok.pad_token_id = model.generation_config.pad_token_id  # how to pad a batch (docs/hf.md)
         ids = tok(text)["input_ids"]
         with torch.no_grad():
             logits = model(torch.tensor([ids])).logits[0]
@@ -165,7 +167,7 @@ _STOCK_SCRIPT = textwrap.dedent("""
             padded = model.generate(**batch, max_new_tokens=4, do_sample=False)
             single = model.generate(**tok([text[:3]], return_tensors="pt"), max_new_tokens=4, do_sample=False)
         results[folder] = {"cls": type(model).__name__, "ids": ids, "logits": logits.tolist(),
-                           "padded_row": tok.decode(padded[1], skip_special_tokens=True),
+                           "padded_row": tok.decode(padded[1][-7:], skip_special_tokens=True),
                            "single": tok.decode(single[0], skip_special_tokens=True)}
     assert not any(m.startswith("energyformer") for m in sys.modules), "energyformer was imported"
     print(json.dumps(results))
@@ -344,3 +346,39 @@ def test_export_and_import_show_no_progress_bar_unless_verbose(tmp_path, capfd):
     assert hf_logging.is_progress_bar_enabled()  # restored
     assert main(["export", str(run), "--to", str(tmp_path / "hf2"), "--verbose"]) == 0
     assert "Writing model shards" in capfd.readouterr().err
+
+
+def test_generate_takes_n_steps_and_stop_tol_through_transformers(tmp_path):
+    run, out = _export(tmp_path, {"arch": "nrgpt"})
+    model, ours = AutoModelForCausalLM.from_pretrained(out), _ours(run)
+    x = torch.tensor([[1, 2, 3, 4]])
+    got = model.generate(x, max_new_tokens=5, do_sample=False, n_steps=6, stop_tol=1e-9)
+    assert got.tolist() == ours.generate(x, 5, temperature=0, n_steps=6, stop_tol=1e-9).tolist()
+
+
+def test_beam_search_works_by_recomputing(tmp_path):
+    run, out = _export(tmp_path, {"arch": "nrgpt"})
+    model, ours = AutoModelForCausalLM.from_pretrained(out), _ours(run)
+    x = torch.tensor([[1, 2, 3, 4]])
+    got = model.generate(x, max_new_tokens=1, do_sample=False, num_beams=3, num_return_sequences=3)
+    with torch.no_grad():
+        top = ours(x)[0][0, -1].topk(3).indices.tolist()
+    assert got[:, -1].tolist() == top  # one step of beam search: the three most likely tokens, in order
+    assert model.generate(x, max_new_tokens=4, num_beams=2, do_sample=False).shape == (1, 8)
+
+
+@pytest.mark.parametrize("as_,spec", [("energyformer", {"arch": "nrgpt"}), ("gpt2", {"arch": "gpt", "bias": False})])
+def test_newlines_survive_batch_decode_and_no_pad_warning(tmp_path, capfd, recwarn, as_, spec):
+    """The pad token is never a real character (energyformer: a dedicated <pad> the model never embeds;
+    stock: none), so skip_special_tokens keeps newlines; neither export nor load warns about a pad id."""
+    text = "the cat\nsat on\n\na mat.\n"
+    _, out = _export(tmp_path, spec, as_=as_)
+    tok, model = AutoTokenizer.from_pretrained(out), AutoModelForCausalLM.from_pretrained(out)
+    ids = tok([text, "a\n"], padding=as_ == "energyformer")["input_ids"]
+    assert tok.batch_decode(ids, skip_special_tokens=True) == [text, "a\n"]
+    pad = getattr(model.config, "pad_token_id", None)
+    assert pad is None or pad < model.config.vocab_size
+    if as_ != "energyformer":
+        assert len(tok) == model.config.vocab_size
+    err = capfd.readouterr().err
+    assert "pad_token_id" not in err and not [w for w in recwarn if "pad" in str(w.message)], err

@@ -109,11 +109,9 @@ def export_run(run_dir: str | Path, to: str | Path, as_: str = "energyformer", p
     _check_target(to)
     model, run_cfg, meta = load_run(run_dir)
     c = model.config
-    tokenizer = run_tokenizer(meta, run_dir, model_max_length=c.block_size)
-    if as_ != "energyformer" and tokenizer.pad_token_id is not None and tokenizer.pad_token_id >= c.vocab_size:
-        # a stock model embeds every id it is given, padding included: pad with a real token (id 0;
-        # the attention mask hides it), not the <pad> that lies past the model's vocabulary
-        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(0)
+    # a stock model embeds every id it is given, so the <pad> past its vocabulary cannot be used, and a
+    # real token as pad would be a special token that decode(skip_special_tokens=True) deletes: none
+    tokenizer = run_tokenizer(meta, run_dir, model_max_length=c.block_size, pad=as_ == "energyformer")
     if as_ == "energyformer":
         hf = MODEL_CLASSES[c.arch](config_for(c, imports=run_cfg.imports))
         hf.model.load_state_dict(model.state_dict())
@@ -143,11 +141,12 @@ def export_run(run_dir: str | Path, to: str | Path, as_: str = "energyformer", p
 
 
 def generation_config(tokenizer: Any, vocab_size: int, use_cache: bool) -> GenerationConfig:
-    """Defaults for ``generate``: the pad id, the KV cache on, and ids the tokenizer never produces (a vocabulary padded past the tokenizer's)
+    """Defaults for ``generate``: the pad id (id 0 without a pad token: any real id, the attention mask hides it), the KV cache on, and ids the tokenizer never produces (a vocabulary padded past the tokenizer's)
     suppressed, as ``energyformer sample`` does with ``vocab_limit``."""
     real = tokenizer.vocab_size  # the tokenizer's own ids; <pad> and other added tokens come after
     suppress = list(range(min(real, vocab_size), vocab_size))
-    return GenerationConfig(pad_token_id=tokenizer.pad_token_id, use_cache=use_cache,
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0  # stock: id 0, masked anyway
+    return GenerationConfig(pad_token_id=pad, use_cache=use_cache,
                             suppress_tokens=suppress or None)
 
 

@@ -178,6 +178,10 @@ class EnergyformerForCausalLM(EnergyformerPreTrainedModel, GenerationMixin):
     def generate(self, inputs: torch.Tensor | None = None, *args: Any, **kwargs: Any):
         """:meth:`transformers.GenerationMixin.generate`, after checking the prompt fits the context.
 
+        ``n_steps`` / ``stop_tol`` (NRGPT, recurrent GPT: descent steps at inference) pass through
+        to every forward. Beam search (``num_beams > 1``) recomputes the last ``block_size`` tokens
+        each step (``use_cache=False``): our KV cache cannot be reordered across beams.
+
         Raises:
             ValueError: a prompt longer than ``block_size`` (the message names both lengths).
         """
@@ -188,6 +192,9 @@ class EnergyformerForCausalLM(EnergyformerPreTrainedModel, GenerationMixin):
             if n > self.config.max_position_embeddings:
                 raise ValueError(f"prompt of {n} tokens is longer than the model's context "
                                  f"block_size={self.config.max_position_embeddings}; shorten it")
+        config = kwargs.get("generation_config") or self.generation_config
+        if (kwargs.get("num_beams") or getattr(config, "num_beams", 1) or 1) > 1:
+            kwargs["use_cache"] = False  # beams reorder the cache; ours cannot be reordered: recompute
         return super().generate(inputs, *args, **kwargs)
 
 
