@@ -382,3 +382,18 @@ def test_newlines_survive_batch_decode_and_no_pad_warning(tmp_path, capfd, recwa
         assert len(tok) == model.config.vocab_size
     err = capfd.readouterr().err
     assert "pad_token_id" not in err and not [w for w in recwarn if "pad" in str(w.message)], err
+
+
+def test_sample_takes_n_steps_and_stop_tol(tmp_path, capsys):
+    """`energyformer sample --n-steps/--stop-tol`: the text of our generate with those options."""
+    run = make_run(tmp_path / "run", {"arch": "nrgpt"})
+    tok = CharTokenizer(CHARS)
+    want = tok.decode(_ours(run).generate(torch.tensor([tok.encode("the ")]), 12, temperature=0, n_steps=5,
+                                          stop_tol=1e-9)[0].tolist())
+    args = ["sample", str(run), "--prompt", "the ", "--max-new-tokens", "12", "--temperature", "0"]
+    assert main([*args, "--n-steps", "5", "--stop-tol", "1e-9"]) == 0
+    assert capsys.readouterr().out == want + "\n"
+    gpt = make_run(tmp_path / "gpt", {"arch": "gpt"})
+    assert main(["sample", str(gpt), "--n-steps", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --n-steps is not an option of the 'gpt' model") and err.count("\n") == 1
