@@ -179,6 +179,8 @@ STOCK_CASES = {  # name: (run spec, --as)
     "cem_llama_up_tied": ({"arch": "cem", "rope": "llama", "mlp_tie": "up", "tie_embeddings": True}, "llama"),
     "gpt_gelu_tied": ({"arch": "gpt", "activation": "gelu", "tie_embeddings": True}, "gpt2"),
     "gpt_relu_nobias": ({"arch": "gpt", "activation": "relu", "bias": False}, "gpt2"),
+    # the bundled recipe's GPT: an untied head with a bias, folded into ln_f (vocab_size 73 <= d_model 80)
+    "gpt_head_bias": ({"arch": "gpt", "d_model": 80}, "gpt2"),
 }
 
 
@@ -212,8 +214,8 @@ def test_export_as_llama_refuses_a_cem_that_is_not_a_llama(tmp_path):
 
 
 def test_export_as_gpt2_refuses_an_lm_head_bias(tmp_path):
-    run = make_run(tmp_path / "run", {"arch": "gpt"})  # default: bias=true, untied head with bias
-    with pytest.raises(ValueError, match="LM head has a bias"):
+    run = make_run(tmp_path / "run", {"arch": "gpt"})  # bias=true, untied head with bias, vocab 73 > d_model 16
+    with pytest.raises(ValueError, match="LM head has a bias .* cannot be folded .*vocab_size=73 > d_model=16"):
         export_run(run, tmp_path / "out", as_="gpt2")
 
 
