@@ -399,3 +399,15 @@ def test_sample_takes_n_steps_and_stop_tol(tmp_path, capsys):
     assert main(["sample", str(gpt), "--n-steps", "3"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --n-steps is not an option of the 'gpt' model") and err.count("\n") == 1
+
+
+def test_export_writes_a_model_card_with_config_data_params_losses(tmp_path):
+    run = make_run(tmp_path / "run", {"arch": "nrgpt"})
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 10, "train_loss": 2.5}) + "\n"
+                                       + json.dumps({"step": 20, "train_loss": 2.25, "val_loss": 2.375}) + "\n")
+    out = export_run(run, tmp_path / "hf")
+    card = (out / "README.md").read_text()
+    n = sum(p.numel() for p in _ours(run).parameters())
+    assert f"parameters: {n:,}" in card and "tokenizer `char` (73 ids)" in card
+    assert "train loss: 2.2500 (step 20)" in card and "val loss: 2.3750 (step 20)" in card
+    assert "arch: nrgpt" in card and "n_steps: 2" in card and "trust_remote_code=True" in card

@@ -1,8 +1,11 @@
 """``energyformer export`` and ``energyformer import-hf``: run directories ↔ Hugging Face folders.
 
 ``export_run(RUN, to=DIR)`` writes ``config.json``, ``model.safetensors`` (a tied LM head
-stored once, declared in the config), ``generation_config.json`` and the run's tokenizer
-(``tokenizer.json`` + ``tokenizer_config.json``, a ``PreTrainedTokenizerFast``), so that::
+stored once, declared in the config), ``generation_config.json``, the run's tokenizer
+(``tokenizer.json`` + ``tokenizer_config.json``, a ``PreTrainedTokenizerFast``), a model card
+(``README.md``, :mod:`energyformer.hf.model_card`) and the family's code with an ``auto_map``
+(:mod:`energyformer.hf.remote_code`: ``trust_remote_code=True`` loads it without energyformer;
+docs/hf.md §2), so that::
 
     import energyformer.hf                          # registers the energyformer_* model types
     from transformers import AutoModelForCausalLM, AutoTokenizer
