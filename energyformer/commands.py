@@ -231,7 +231,7 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
            top_k: int | None = 200, top_p: float | None = None, min_p: float | None = None,
            repetition_penalty: float | None = None, stop: list[str] | str | None = None, seed: int = 1337,
            num_samples: int = 1, interactive: bool = False, use_cache: bool = True,
-           device: str = "auto") -> list[str] | None:
+           device: str = "auto", n_steps: int | None = None, stop_tol: float | None = None) -> list[str] | None:
     """Generate text from a trained run directory.
 
     Args:
@@ -250,6 +250,8 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
             and print the continuations of each until end of input.
         use_cache: decode with a key/value cache (false: recompute the whole context for every token).
         device: auto (CUDA when available, else the CPU), cpu, cuda, cuda:N or mps.
+        n_steps: NRGPT / recurrent GPT: descent steps at inference (default: as trained).
+        stop_tol: NRGPT: per-token early-stopping tolerance of the descent (docs/nrgpt.md).
 
     Returns:
         the texts, ``num_samples`` per prompt, each starting with its prompt (None with
@@ -259,6 +261,8 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
         FileNotFoundError / ValueError: missing or corrupt run files (see ``load_run``), a prompt
             with characters outside the run's vocabulary, an empty prompt, invalid sampling options.
     """
+    import inspect
+
     import torch
 
     from energyformer._validate import check_int
@@ -277,6 +281,11 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
     warn_if_training(run_dir)
     tokenizer = load_tokenizer(meta)
     generator = torch.Generator(device=dev).manual_seed(seed)
+    forward_kwargs = {k: v for k, v in {"n_steps": n_steps, "stop_tol": stop_tol}.items() if v is not None}
+    takes = set(inspect.signature(model.forward).parameters)
+    if set(forward_kwargs) - takes:
+        raise ValueError(f"--{sorted(set(forward_kwargs) - takes)[0].replace('_', '-')} is not an option of the "
+                         f"{model.config.arch!r} model; it takes {sorted(takes & {'n_steps', 'stop_tol'}) or 'neither'}")
 
     def encode(text: str) -> list[int]:
         try:
@@ -298,7 +307,7 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
             rows, max_new_tokens, temperature=temperature, top_k=top_k or None, top_p=top_p, min_p=min_p,
             repetition_penalty=repetition_penalty, generator=generator, use_cache=use_cache,
             stop=(lambda ids: any(s in tokenizer.decode(ids) for s in stops)) if stops else None,
-            vocab_limit=min(tokenizer.vocab_size, model.config.vocab_size))
+            vocab_limit=min(tokenizer.vocab_size, model.config.vocab_size), **forward_kwargs)
         texts = []
         for row, ids in zip(out, rows):
             prompt_text = tokenizer.decode(ids)

@@ -157,6 +157,8 @@ _STOCK_SCRIPT = textwrap.dedent("""
     text, results = sys.argv[1], {}
     for folder in sys.argv[2:]:
         tok, model = AutoTokenizer.from_pretrained(folder), AutoModelForCausalLM.from_pretrained(folder)
+        assert tok.pad_token is None and len(tok) == model.config.vocab_size  # no <pad> past the vocabulary
+        tok.pad_token_id = model.generation_config.pad_token_id  # how to pad a batch (docs/hf.md)
         ids = tok(text)["input_ids"]
         with torch.no_grad():
             logits = model(torch.tensor([ids])).logits[0]
@@ -165,7 +167,7 @@ _STOCK_SCRIPT = textwrap.dedent("""
             padded = model.generate(**batch, max_new_tokens=4, do_sample=False)
             single = model.generate(**tok([text[:3]], return_tensors="pt"), max_new_tokens=4, do_sample=False)
         results[folder] = {"cls": type(model).__name__, "ids": ids, "logits": logits.tolist(),
-                           "padded_row": tok.decode(padded[1], skip_special_tokens=True),
+                           "padded_row": tok.decode(padded[1][-7:], skip_special_tokens=True),
                            "single": tok.decode(single[0], skip_special_tokens=True)}
     assert not any(m.startswith("energyformer") for m in sys.modules), "energyformer was imported"
     print(json.dumps(results))
@@ -177,6 +179,8 @@ STOCK_CASES = {  # name: (run spec, --as)
     "cem_llama_up_tied": ({"arch": "cem", "rope": "llama", "mlp_tie": "up", "tie_embeddings": True}, "llama"),
     "gpt_gelu_tied": ({"arch": "gpt", "activation": "gelu", "tie_embeddings": True}, "gpt2"),
     "gpt_relu_nobias": ({"arch": "gpt", "activation": "relu", "bias": False}, "gpt2"),
+    # the bundled recipe's GPT: an untied head with a bias, folded into ln_f (vocab_size 73 <= d_model 80)
+    "gpt_head_bias": ({"arch": "gpt", "d_model": 80}, "gpt2"),
 }
 
 
@@ -210,8 +214,8 @@ def test_export_as_llama_refuses_a_cem_that_is_not_a_llama(tmp_path):
 
 
 def test_export_as_gpt2_refuses_an_lm_head_bias(tmp_path):
-    run = make_run(tmp_path / "run", {"arch": "gpt"})  # default: bias=true, untied head with bias
-    with pytest.raises(ValueError, match="LM head has a bias"):
+    run = make_run(tmp_path / "run", {"arch": "gpt"})  # bias=true, untied head with bias, vocab 73 > d_model 16
+    with pytest.raises(ValueError, match="LM head has a bias .* cannot be folded .*vocab_size=73 > d_model=16"):
         export_run(run, tmp_path / "out", as_="gpt2")
 
 
@@ -344,3 +348,66 @@ def test_export_and_import_show_no_progress_bar_unless_verbose(tmp_path, capfd):
     assert hf_logging.is_progress_bar_enabled()  # restored
     assert main(["export", str(run), "--to", str(tmp_path / "hf2"), "--verbose"]) == 0
     assert "Writing model shards" in capfd.readouterr().err
+
+
+def test_generate_takes_n_steps_and_stop_tol_through_transformers(tmp_path):
+    run, out = _export(tmp_path, {"arch": "nrgpt"})
+    model, ours = AutoModelForCausalLM.from_pretrained(out), _ours(run)
+    x = torch.tensor([[1, 2, 3, 4]])
+    got = model.generate(x, max_new_tokens=5, do_sample=False, n_steps=6, stop_tol=1e-9)
+    assert got.tolist() == ours.generate(x, 5, temperature=0, n_steps=6, stop_tol=1e-9).tolist()
+
+
+def test_beam_search_works_by_recomputing(tmp_path):
+    run, out = _export(tmp_path, {"arch": "nrgpt"})
+    model, ours = AutoModelForCausalLM.from_pretrained(out), _ours(run)
+    x = torch.tensor([[1, 2, 3, 4]])
+    got = model.generate(x, max_new_tokens=1, do_sample=False, num_beams=3, num_return_sequences=3)
+    with torch.no_grad():
+        top = ours(x)[0][0, -1].topk(3).indices.tolist()
+    assert got[:, -1].tolist() == top  # one step of beam search: the three most likely tokens, in order
+    assert model.generate(x, max_new_tokens=4, num_beams=2, do_sample=False).shape == (1, 8)
+
+
+@pytest.mark.parametrize("as_,spec", [("energyformer", {"arch": "nrgpt"}), ("gpt2", {"arch": "gpt", "bias": False})])
+def test_newlines_survive_batch_decode_and_no_pad_warning(tmp_path, capfd, recwarn, as_, spec):
+    """The pad token is never a real character (energyformer: a dedicated <pad> the model never embeds;
+    stock: none), so skip_special_tokens keeps newlines; neither export nor load warns about a pad id."""
+    text = "the cat\nsat on\n\na mat.\n"
+    _, out = _export(tmp_path, spec, as_=as_)
+    tok, model = AutoTokenizer.from_pretrained(out), AutoModelForCausalLM.from_pretrained(out)
+    ids = tok([text, "a\n"], padding=as_ == "energyformer")["input_ids"]
+    assert tok.batch_decode(ids, skip_special_tokens=True) == [text, "a\n"]
+    pad = getattr(model.config, "pad_token_id", None)
+    assert pad is None or pad < model.config.vocab_size
+    if as_ != "energyformer":
+        assert len(tok) == model.config.vocab_size
+    err = capfd.readouterr().err
+    assert "pad_token_id" not in err and not [w for w in recwarn if "pad" in str(w.message)], err
+
+
+def test_sample_takes_n_steps_and_stop_tol(tmp_path, capsys):
+    """`energyformer sample --n-steps/--stop-tol`: the text of our generate with those options."""
+    run = make_run(tmp_path / "run", {"arch": "nrgpt"})
+    tok = CharTokenizer(CHARS)
+    want = tok.decode(_ours(run).generate(torch.tensor([tok.encode("the ")]), 12, temperature=0, n_steps=5,
+                                          stop_tol=1e-9)[0].tolist())
+    args = ["sample", str(run), "--prompt", "the ", "--max-new-tokens", "12", "--temperature", "0"]
+    assert main([*args, "--n-steps", "5", "--stop-tol", "1e-9"]) == 0
+    assert capsys.readouterr().out == want + "\n"
+    gpt = make_run(tmp_path / "gpt", {"arch": "gpt"})
+    assert main(["sample", str(gpt), "--n-steps", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --n-steps is not an option of the 'gpt' model") and err.count("\n") == 1
+
+
+def test_export_writes_a_model_card_with_config_data_params_losses(tmp_path):
+    run = make_run(tmp_path / "run", {"arch": "nrgpt"})
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 10, "train_loss": 2.5}) + "\n"
+                                       + json.dumps({"step": 20, "train_loss": 2.25, "val_loss": 2.375}) + "\n")
+    out = export_run(run, tmp_path / "hf")
+    card = (out / "README.md").read_text()
+    n = sum(p.numel() for p in _ours(run).parameters())
+    assert f"parameters: {n:,}" in card and "tokenizer `char` (73 ids)" in card
+    assert "train loss: 2.2500 (step 20)" in card and "val loss: 2.3750 (step 20)" in card
+    assert "arch: nrgpt" in card and "n_steps: 2" in card and "trust_remote_code=True" in card

@@ -240,8 +240,15 @@ def run_tasks(lm: Any, tasks: list[str], include_path: str | None = None, limit:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """lm-eval's command line with the ``energyformer`` model registered."""
+    """lm-eval's command line with the ``energyformer`` model registered, and the energyformer_*
+    model types registered with transformers' Auto classes (so ``--model hf`` reads an exported
+    folder without ``trust_remote_code``)."""
     import lm_eval.models  # noqa: F401  (lm-eval's own models, ``hf`` among them, beside ours)
+
+    from energyformer.utils.plugins import load_plugins
+
+    # hf/ sits above eval/ (docs/architecture.md): load it by name, as a run's plugin `imports:` are
+    load_plugins(["energyformer.hf"])
     from lm_eval.__main__ import cli_evaluate
 
     sys.argv = [sys.argv[0]] + list(sys.argv[1:] if argv is None else argv)

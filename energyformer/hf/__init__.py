@@ -9,7 +9,9 @@ Importing it registers every family (``model_type`` ``energyformer_<arch>``) wit
 
 Modules: ``configuration`` (configs), ``modeling`` (causal-LM classes), ``tokenizer`` (the run's
 tokenizer as a ``PreTrainedTokenizerFast``), ``convert`` (weights to and from stock Llama /
-GPT-2), ``export`` (``energyformer export`` / ``import-hf``).
+GPT-2), ``export`` (``energyformer export`` / ``import-hf``), ``remote_code`` (the model code an
+export carries, for ``trust_remote_code=True`` without energyformer), ``model_card`` (the
+folder's ``README.md``). See docs/hf.md.
 """
 from __future__ import annotations
 

@@ -8,7 +8,9 @@
   written out, the learned step size η folded in.
 - :func:`to_gpt2`: our GPT. GPT-2's ``Conv1D`` stores ``(in, out)``, so matrices are transposed;
   our bias-free query/key/value projection gets a zero bias. Activations map exactly
-  (``relu`` → ``"relu"``, ``gelu`` (erf) → ``"gelu"``); an LM-head bias has no GPT-2 slot.
+  (``relu`` → ``"relu"``, ``gelu`` (erf) → ``"gelu"``). An LM-head bias ``b`` has no GPT-2 slot;
+  it is folded into the final LayerNorm's bias (:func:`fold_head_bias`) when the head matrix
+  has full row rank (``vocab_size ≤ d_model``: a character vocabulary), else refused.
 - :func:`from_llama` / :func:`from_gpt2`: the reverse, for ``energyformer import-hf``.
 
 Every function raises ``ValueError`` naming the option that cannot be represented.
@@ -99,9 +101,9 @@ def to_gpt2(model: CausalLM) -> tuple[GPT2Config, dict[str, torch.Tensor]]:
     if c.arch != "gpt":
         raise ValueError(f"arch={c.arch!r} cannot be exported as GPT-2; only arch 'gpt' can")
     head_bias = getattr(model.lm_head, "bias", None)
+    ln_f_bias = model.ln_f.bias.detach() if model.ln_f.bias is not None else torch.zeros(c.d_model)
     if head_bias is not None and bool(head_bias.detach().abs().max() > 0):
-        raise ValueError("the LM head has a bias (bias=true, tie_embeddings=false) and GPT2LMHeadModel's head "
-                         "has none; export with --as energyformer, or train with tie_embeddings: true or bias: false")
+        ln_f_bias = fold_head_bias(model.lm_head.weight.detach(), head_bias.detach(), ln_f_bias)
     hf_config = GPT2Config(
         vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.d_model, n_layer=c.n_layers, n_head=c.n_heads,
         n_inner=c.d_ff, activation_function=GPT2_ACTIVATIONS[c.activation], resid_pdrop=0.0, embd_pdrop=0.0,
@@ -114,7 +116,8 @@ def to_gpt2(model: CausalLM) -> tuple[GPT2Config, dict[str, torch.Tensor]]:
         return sd[name].clone() if name in sd else torch.zeros(n, dtype=sd["wte.weight"].dtype)
 
     out = {"transformer.wte.weight": sd["wte.weight"].clone(), "transformer.wpe.weight": sd["wpe.weight"].clone(),
-           "transformer.ln_f.weight": sd["ln_f.weight"].clone(), "transformer.ln_f.bias": bias("ln_f.bias", d)}
+           "transformer.ln_f.weight": sd["ln_f.weight"].clone(),
+           "transformer.ln_f.bias": ln_f_bias.to(sd["wte.weight"].dtype).clone()}
     if not c.tie_embeddings:
         out["lm_head.weight"] = sd["lm_head.weight"].clone()
     for i in range(c.n_layers):
@@ -132,6 +135,27 @@ def to_gpt2(model: CausalLM) -> tuple[GPT2Config, dict[str, torch.Tensor]]:
             p + "mlp.c_proj.bias": bias(s + "mlp.down_proj.bias", d),
         })
     return hf_config, {k: v.contiguous() for k, v in out.items()}
+
+
+def fold_head_bias(weight: torch.Tensor, head_bias: torch.Tensor, ln_bias: torch.Tensor) -> torch.Tensor:
+    """The final LayerNorm bias ``β'`` with ``W·β' = W·β + b``: logits ``W·(g⊙x̂ + β) + b`` without a head bias.
+
+    ``weight`` ``(V, d)``, ``head_bias`` ``(V,)``, ``ln_bias`` ``(d,)``; solved in float64 (least
+    squares), exact when ``W`` has full row rank.
+
+    Raises:
+        ValueError: ``b`` is not in the range of ``W`` (``vocab_size > d_model``, or a rank-deficient
+            head): the residual is named.
+    """
+    w, b = weight.double(), head_bias.double()
+    delta = torch.linalg.lstsq(w, b.unsqueeze(1)).solution.squeeze(1)
+    residual = float((w @ delta - b).abs().max())
+    if residual > 1e-6 * max(1.0, float(b.abs().max())):
+        raise ValueError(f"the LM head has a bias (bias=true, tie_embeddings=false) that GPT2LMHeadModel cannot "
+                         f"hold: it cannot be folded into the final LayerNorm (vocab_size={weight.shape[0]} > "
+                         f"d_model={weight.shape[1]}, residual {residual:.2e}); export with --as energyformer, or "
+                         "train with tie_embeddings: true or bias: false")
+    return (ln_bias.double() + delta).to(ln_bias.dtype)
 
 
 def from_llama(hf_config: LlamaConfig, state: dict[str, torch.Tensor]) -> tuple[OurLlamaConfig, dict[str, torch.Tensor]]:

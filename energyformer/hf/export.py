@@ -1,8 +1,11 @@
 """``energyformer export`` and ``energyformer import-hf``: run directories ↔ Hugging Face folders.
 
 ``export_run(RUN, to=DIR)`` writes ``config.json``, ``model.safetensors`` (a tied LM head
-stored once, declared in the config), ``generation_config.json`` and the run's tokenizer
-(``tokenizer.json`` + ``tokenizer_config.json``, a ``PreTrainedTokenizerFast``), so that::
+stored once, declared in the config), ``generation_config.json``, the run's tokenizer
+(``tokenizer.json`` + ``tokenizer_config.json``, a ``PreTrainedTokenizerFast``), a model card
+(``README.md``, :mod:`energyformer.hf.model_card`) and the family's code with an ``auto_map``
+(:mod:`energyformer.hf.remote_code`: ``trust_remote_code=True`` loads it without energyformer;
+docs/hf.md §2), so that::
 
     import energyformer.hf                          # registers the energyformer_* model types
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -28,7 +31,9 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, Gener
 
 from energyformer.hf.configuration import EnergyformerConfig, config_for
 from energyformer.hf.convert import from_gpt2, from_llama, to_gpt2, to_llama
+from energyformer.hf.model_card import write_model_card
 from energyformer.hf.modeling import MODEL_CLASSES
+from energyformer.hf.remote_code import auto_map, write_remote_code
 from energyformer.hf.tokenizer import char_vocab, run_tokenizer
 from energyformer.models.registry import build_model
 from energyformer.runs.checkpoint import find_checkpoint
@@ -107,11 +112,9 @@ def export_run(run_dir: str | Path, to: str | Path, as_: str = "energyformer", p
     _check_target(to)
     model, run_cfg, meta = load_run(run_dir)
     c = model.config
-    tokenizer = run_tokenizer(meta, run_dir, model_max_length=c.block_size)
-    if as_ != "energyformer" and tokenizer.pad_token_id is not None and tokenizer.pad_token_id >= c.vocab_size:
-        # a stock model embeds every id it is given, padding included: pad with a real token (id 0;
-        # the attention mask hides it), not the <pad> that lies past the model's vocabulary
-        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(0)
+    # a stock model embeds every id it is given, so the <pad> past its vocabulary cannot be used, and a
+    # real token as pad would be a special token that decode(skip_special_tokens=True) deletes: none
+    tokenizer = run_tokenizer(meta, run_dir, model_max_length=c.block_size, pad=as_ == "energyformer")
     if as_ == "energyformer":
         hf = MODEL_CLASSES[c.arch](config_for(c, imports=run_cfg.imports))
         hf.model.load_state_dict(model.state_dict())
@@ -123,20 +126,30 @@ def export_run(run_dir: str | Path, to: str | Path, as_: str = "energyformer", p
         if missing or result.unexpected_keys:  # a bug in convert.py, not a user error
             raise RuntimeError(f"conversion left {sorted(missing)} missing, {result.unexpected_keys} unexpected")
     hf.generation_config = generation_config(tokenizer, c.vocab_size, use_cache=True)
-    hf.config.pad_token_id = tokenizer.pad_token_id
+    if tokenizer.pad_token_id is not None and tokenizer.pad_token_id < c.vocab_size:
+        hf.config.pad_token_id = tokenizer.pad_token_id  # else the tokenizer's own <pad>, never embedded
+    remote_code = as_ == "energyformer" and not run_cfg.imports
+    if remote_code:
+        hf.config.auto_map = auto_map(c.arch)
     to.mkdir(parents=True, exist_ok=True)
+    for old in [*to.glob("energyformer_*.py"), *to.glob("*_energyformer.py")]:  # an earlier export's code
+        old.unlink()
     with progress_bars(progress):
         hf.eval().save_pretrained(to)
         tokenizer.save_pretrained(to)
+    if remote_code:
+        write_remote_code(c.arch, to)
+    write_model_card(to, run_dir, model, run_cfg, meta, find_checkpoint(run_dir) or {}, as_, remote_code)
     return to
 
 
 def generation_config(tokenizer: Any, vocab_size: int, use_cache: bool) -> GenerationConfig:
-    """Defaults for ``generate``: the pad id, the KV cache on, and ids the tokenizer never produces (a vocabulary padded past the tokenizer's)
+    """Defaults for ``generate``: the pad id (id 0 without a pad token: any real id, the attention mask hides it), the KV cache on, and ids the tokenizer never produces (a vocabulary padded past the tokenizer's)
     suppressed, as ``energyformer sample`` does with ``vocab_limit``."""
     real = tokenizer.vocab_size  # the tokenizer's own ids; <pad> and other added tokens come after
     suppress = list(range(min(real, vocab_size), vocab_size))
-    return GenerationConfig(pad_token_id=tokenizer.pad_token_id, use_cache=use_cache,
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0  # stock: id 0, masked anyway
+    return GenerationConfig(pad_token_id=pad, use_cache=use_cache,
                             suppress_tokens=suppress or None)
 
 

@@ -96,7 +96,8 @@ class EnergyformerForCausalLM(EnergyformerPreTrainedModel, GenerationMixin):
 
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 labels: torch.LongTensor | None = None, inputs_embeds: torch.Tensor | None = None,
-                return_dict: bool | None = None, **kwargs: Any) -> CausalLMOutputWithPast:
+                return_dict: bool | None = None, n_steps: int | None = None, stop_tol: float | None = None,
+                **kwargs: Any) -> CausalLMOutputWithPast:
         """Logits ``(B, N, V)`` of ``input_ids (B, N)``; see the class docstring.
 
         Raises:
@@ -108,7 +109,7 @@ class EnergyformerForCausalLM(EnergyformerPreTrainedModel, GenerationMixin):
             raise ValueError("inputs_embeds is not supported by energyformer models; pass input_ids")
         if input_ids is None:
             raise ValueError("input_ids is required (B, N) token ids")
-        model_kwargs = {k: kwargs[k] for k in MODEL_KWARGS if kwargs.get(k) is not None}
+        model_kwargs = {k: v for k, v in {"n_steps": n_steps, "stop_tol": stop_tol}.items() if v is not None}
         unknown = set(model_kwargs) - self._model_kwargs
         if unknown:
             raise ValueError(f"{sorted(unknown)} are not options of the {self.config.model_config().arch!r} "
@@ -150,7 +151,8 @@ class EnergyformerForCausalLM(EnergyformerPreTrainedModel, GenerationMixin):
         return logits
 
     def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
-                                      cache: Any = None, **kwargs: Any) -> dict[str, Any]:
+                                      cache: Any = None, n_steps: int | None = None, stop_tol: float | None = None,
+                                      **kwargs: Any) -> dict[str, Any]:
         """With a cache: the prompt (its last ``block_size`` tokens) first, then the newest token; when
         the cache is full, a fresh cache on the last ``block_size − block_size // 4`` tokens (the rule
         of energyformer's own ``generate``). Without: the last ``block_size`` tokens."""
@@ -169,12 +171,16 @@ class EnergyformerForCausalLM(EnergyformerPreTrainedModel, GenerationMixin):
             else:
                 ids = input_ids[:, -1:]
             inputs.update(input_ids=ids, cache=cache)
-        inputs.update({k: kwargs[k] for k in MODEL_KWARGS if kwargs.get(k) is not None})
+        inputs.update({k: v for k, v in {"n_steps": n_steps, "stop_tol": stop_tol}.items() if v is not None})
         return inputs
 
     @torch.no_grad()
     def generate(self, inputs: torch.Tensor | None = None, *args: Any, **kwargs: Any):
         """:meth:`transformers.GenerationMixin.generate`, after checking the prompt fits the context.
+
+        ``n_steps`` / ``stop_tol`` (NRGPT, recurrent GPT: descent steps at inference) pass through
+        to every forward. Beam search (``num_beams > 1``) recomputes the last ``block_size`` tokens
+        each step (``use_cache=False``): our KV cache cannot be reordered across beams.
 
         Raises:
             ValueError: a prompt longer than ``block_size`` (the message names both lengths).
@@ -186,6 +192,9 @@ class EnergyformerForCausalLM(EnergyformerPreTrainedModel, GenerationMixin):
             if n > self.config.max_position_embeddings:
                 raise ValueError(f"prompt of {n} tokens is longer than the model's context "
                                  f"block_size={self.config.max_position_embeddings}; shorten it")
+        config = kwargs.get("generation_config") or self.generation_config
+        if (kwargs.get("num_beams") or getattr(config, "num_beams", 1) or 1) > 1:
+            kwargs["use_cache"] = False  # beams reorder the cache; ours cannot be reordered: recompute
         return super().generate(inputs, *args, **kwargs)
 
 

@@ -9,9 +9,11 @@
   ``tokenizer.json`` file in the run directory, is wrapped as it is.
 
 Both get a ``<pad>`` token appended after the model's vocabulary (id ``vocab_size`` of the
-tokenizer) for batched, padded prompts; padded positions are removed before the model runs
-(see :mod:`energyformer.hf.modeling`), so the id never reaches the embedding. No BOS/EOS:
-our models are trained without them.
+tokenizer) for batched, padded prompts (``pad=False``: none, for stock exports, whose models
+embed every id; docs/hf.md): a dedicated token that is never a real character, so
+``batch_decode(skip_special_tokens=True)`` keeps every newline. Padded positions are removed
+before the model runs (see :mod:`energyformer.hf.modeling`), so the id never reaches the
+embedding, and the model config does not claim it. No BOS/EOS: our models are trained without them.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ UNK_TOKEN = "<unk>"  # named in the error for an unknown character; not in the v
 TOKENIZER_FILE = "tokenizer.json"
 
 
-def char_tokenizer(chars: list[str], model_max_length: int | None = None) -> PreTrainedTokenizerFast:
+def char_tokenizer(chars: list[str], model_max_length: int | None = None, pad: bool = True) -> PreTrainedTokenizerFast:
     """A fast tokenizer equal to ``CharTokenizer(chars)``: one token per character.
 
     Raises:
@@ -38,10 +40,11 @@ def char_tokenizer(chars: list[str], model_max_length: int | None = None) -> Pre
     tok = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars)}, unk_token=UNK_TOKEN))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    return _wrap(tok, model_max_length)
+    return _wrap(tok, model_max_length, pad)
 
 
-def bpe_tokenizer(tokenizer_json: str, model_max_length: int | None = None) -> PreTrainedTokenizerFast:
+def bpe_tokenizer(tokenizer_json: str, model_max_length: int | None = None,
+                  pad: bool = True) -> PreTrainedTokenizerFast:
     """A serialized ``tokenizers`` tokenizer (the text of a ``tokenizer.json``) as a fast
     tokenizer, plus ``<pad>`` if it has no pad token.
 
@@ -54,21 +57,21 @@ def bpe_tokenizer(tokenizer_json: str, model_max_length: int | None = None) -> P
         tok = Tokenizer.from_str(tokenizer_json)
     except Exception as e:  # tokenizers raises its own exception type
         raise ValueError(f"not a tokenizers JSON ({e})") from None
-    return _wrap(tok, model_max_length)
+    return _wrap(tok, model_max_length, pad)
 
 
-def _wrap(tok: Any, model_max_length: int | None) -> PreTrainedTokenizerFast:
+def _wrap(tok: Any, model_max_length: int | None, pad: bool = True) -> PreTrainedTokenizerFast:
     kwargs = {} if model_max_length is None else {"model_max_length": model_max_length}
     # left padding: what batched generation needs (lm-eval and users may change it)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, clean_up_tokenization_spaces=False, padding_side="left",
                                    **kwargs)
-    if fast.pad_token is None:
+    if pad and fast.pad_token is None:
         fast.add_special_tokens({"pad_token": PAD_TOKEN})
     return fast
 
 
 def run_tokenizer(meta: Mapping[str, Any], run_dir: str | Path | None = None,
-                  model_max_length: int | None = None) -> PreTrainedTokenizerFast:
+                  model_max_length: int | None = None, pad: bool = True) -> PreTrainedTokenizerFast:
     """The tokenizer of a run: a ``tokenizer.json`` in ``run_dir`` if there is one, else the one
     ``meta`` (the run's ``meta.json``) describes: ``char`` or ``bpe``.
 
@@ -79,12 +82,12 @@ def run_tokenizer(meta: Mapping[str, Any], run_dir: str | Path | None = None,
     import json
 
     if run_dir is not None and (Path(run_dir) / TOKENIZER_FILE).is_file():
-        return bpe_tokenizer((Path(run_dir) / TOKENIZER_FILE).read_text(encoding="utf-8"), model_max_length)
+        return bpe_tokenizer((Path(run_dir) / TOKENIZER_FILE).read_text(encoding="utf-8"), model_max_length, pad)
     kind = meta.get("tokenizer")
     if kind == "char":
-        return char_tokenizer(list(meta["chars"]), model_max_length)
+        return char_tokenizer(list(meta["chars"]), model_max_length, pad)
     if kind == "bpe" and "bpe" in meta:
-        return bpe_tokenizer(json.dumps(meta["bpe"]), model_max_length)
+        return bpe_tokenizer(json.dumps(meta["bpe"]), model_max_length, pad)
     raise ValueError(f"tokenizer={kind!r} in meta.json cannot be exported to transformers yet; "
                      f"expected 'char' or 'bpe' (or a {TOKENIZER_FILE} in the run directory)")
 
