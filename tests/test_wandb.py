@@ -64,7 +64,7 @@ def test_missing_wandb_is_one_line_naming_the_extra(tmp_path, monkeypatch, capsy
     code = main(["train", RECIPE, "--data.data_dir", str(data), "--train.wandb",
                  "--train.max_steps", "1", "--train.out_dir", str(tmp_path / "run"), "--train.device", "cpu",
                  "--model.d_model", "16", "--model.n_layers", "1", "--model.block_size", "8",
-                 "--train.batch_size", "2", "--train.compile", "false"])
+                 "--train.batch_size", "2", "--train.compile", "false", "--train.warmup_steps", "0"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "energyformer[wandb]" in err, err
 

@@ -328,7 +328,9 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any], overrides: Sequenc
             type (with the expected type) or an invalid value (from the dataclass).
         SystemExit: ``--help`` among the overrides (status 0, after printing the help).
     """
-    raw, stem, imports = _read_raw(path_or_dict)
+    raw, stem, recipe_imports = _read_raw(path_or_dict)
+    extra = [imports] if isinstance(imports, str) else list(imports)
+    imports = list(dict.fromkeys([*recipe_imports, *extra]))  # the recipe's, then the extra ones, once each
     load_plugins(imports)  # a plugin may register the arch the recipe names
     arch = _arch_override(overrides) or raw["model"].get("arch")
     if arch is None:
