@@ -25,7 +25,17 @@ import argparse
 import sys
 
 import torch
-from common import MODEL_SHAPES, check_exit, run_main, default_out, find_name, goal, interleaved_median_ms, profile_table, write_results
+from common import (
+    MODEL_SHAPES,
+    check_exit,
+    default_out,
+    find_name,
+    goal,
+    interleaved_median_ms,
+    profile_table,
+    run_main,
+    write_results,
+)
 
 from energyformer import build_model
 

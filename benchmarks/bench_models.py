@@ -35,13 +35,30 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
-
-from common import (MODEL_SHAPES, ModelShape, autocast, check_exit, run_main, default_out, find_name, flops_per_s, goal,
-                    interleaved_median_ms, matmul_flops, matmul_step, mfu, model_shape, profile_table,
-                    saved_tensor_bytes, sync, write_results)
+from common import (
+    MODEL_SHAPES,
+    ModelShape,
+    autocast,
+    check_exit,
+    default_out,
+    find_name,
+    flops_per_s,
+    goal,
+    interleaved_median_ms,
+    matmul_flops,
+    matmul_step,
+    mfu,
+    model_shape,
+    profile_table,
+    run_main,
+    saved_tensor_bytes,
+    sync,
+    write_results,
+)
 
 from energyformer import build_model
 from energyformer.models.flops import training_flops_per_token

@@ -44,9 +44,10 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPS = ROOT / ".gpu_deps"
@@ -55,10 +56,23 @@ for _p in [str(DEPS)] * DEPS.is_dir() + [str(ROOT), str(ROOT / "benchmarks")]:
         sys.path.insert(0, _p)
 
 import torch  # noqa: E402
-
 from bench_models import build, family_rows, train_step  # noqa: E402
-from common import (MODEL_SHAPES, ModelShape, autocast, environment, flops_per_s, goal, interleaved_median_ms,  # noqa: E402
-                    matmul_flops, matmul_step, mfu, run_main, saved_tensor_bytes, sdpa_kernels, sync)
+from common import (  # noqa: E402
+    MODEL_SHAPES,
+    ModelShape,
+    autocast,
+    environment,
+    flops_per_s,
+    goal,
+    interleaved_median_ms,
+    matmul_flops,
+    matmul_step,
+    mfu,
+    run_main,
+    saved_tensor_bytes,
+    sdpa_kernels,
+    sync,
+)
 
 from energyformer.models.config import default_d_ff  # noqa: E402
 from energyformer.models.flops import training_flops_per_token  # noqa: E402

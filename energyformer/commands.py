@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from energyformer.runs.parser import ArgParser
 
@@ -111,7 +112,8 @@ def prepare_hf(name: str, out_root: str = "data", out: str | None = None, force:
         out: the dataset folder (default OUT_ROOT/<last part of --dataset>).
         force: rebuild even if up to date (finished shards of the same settings are reused).
     """
-    from energyformer.data.hf_corpus import HFSettings, prepare_hf as prepare_corpus
+    from energyformer.data.hf_corpus import HFSettings
+    from energyformer.data.hf_corpus import prepare_hf as prepare_corpus
 
     return prepare_corpus(HFSettings(**(settings or {})), out_dir=out, out_root=out_root, force=force)
 

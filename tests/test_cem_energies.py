@@ -11,10 +11,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from energyformer.energies.cem import (gate_tie_context, gate_tie_energy, gate_tie_grad, interaction_context,
-                                       interaction_energy, interaction_energy_reference, interaction_grad,
-                                       interaction_grad_reference, rms_norm_vjp, up_tie_context, up_tie_energy,
-                                       up_tie_grad)
+from energyformer.energies.cem import (
+    gate_tie_context,
+    gate_tie_energy,
+    gate_tie_grad,
+    interaction_context,
+    interaction_energy,
+    interaction_energy_reference,
+    interaction_grad,
+    interaction_grad_reference,
+    rms_norm_vjp,
+    up_tie_context,
+    up_tie_energy,
+    up_tie_grad,
+)
 from energyformer.energies.heads import apply_rope, rope_cos_sin, rope_matrices
 from energyformer.energies.silu_antiderivative import dilog, dilog_neg_exp, silu_antiderivative
 

@@ -7,8 +7,7 @@ import shutil
 import pytest
 
 from energyformer.cli import main
-from energyformer.experiments import EXPERIMENTS, run_experiment
-from energyformer.experiments import common
+from energyformer.experiments import EXPERIMENTS, common, run_experiment
 from energyformer.experiments.common import Context, convergence, lr_sweep, resolve, same_config, schedule
 
 

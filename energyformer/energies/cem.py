@@ -37,8 +37,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from energyformer.energies.heads import (apply_rope, causal_mask, merge_heads, rope_matrices, sdpa_causal_kwargs,
-                                         split_heads)
+from energyformer.energies.heads import (
+    apply_rope,
+    causal_mask,
+    merge_heads,
+    rope_matrices,
+    sdpa_causal_kwargs,
+    split_heads,
+)
 from energyformer.energies.silu_antiderivative import silu_antiderivative
 
 __all__ = [

@@ -33,9 +33,9 @@ import sys
 import warnings
 from typing import Any
 
+import lm_eval.evaluator
 import torch
 import torch.nn.functional as F
-import lm_eval.evaluator
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window

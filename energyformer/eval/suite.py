@@ -15,11 +15,11 @@ Tasks:
 """
 from __future__ import annotations
 
-import json
 import math
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch

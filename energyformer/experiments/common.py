@@ -28,16 +28,24 @@ import json
 import math
 import shutil
 import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 
 from energyformer.runs.config import load_config
 from energyformer.runs.recipe import deep_merge, read_recipe
-from energyformer.runs.rundir import (CONFIG_FILE, MARKER_FILE, META_FILE, METRICS_FILE, SUMMARY_FILE,
-                                      read_run_config, read_summary)
+from energyformer.runs.rundir import (
+    CONFIG_FILE,
+    MARKER_FILE,
+    META_FILE,
+    METRICS_FILE,
+    SUMMARY_FILE,
+    read_run_config,
+    read_summary,
+)
 from energyformer.utils.io import atomic_write_json, atomic_write_text
 
 #: the recipe folder of the repository (experiments are defined as recipes + overrides)

@@ -19,10 +19,27 @@ from typing import Any
 import numpy as np
 import torch
 
-from energyformer.experiments.common import (Context, char_data, converged_cell, convergence, count_floors,
-                                             finish_axes, floors_table, lr_sweep,
-                                             markdown_table, plot_learning_curves, pm, pyplot, record_dir, resolve,
-                                             save_figure, schedule, sweep_table, train_or_resume, write_results)
+from energyformer.experiments.common import (
+    Context,
+    char_data,
+    converged_cell,
+    convergence,
+    count_floors,
+    finish_axes,
+    floors_table,
+    lr_sweep,
+    markdown_table,
+    plot_learning_curves,
+    pm,
+    pyplot,
+    record_dir,
+    resolve,
+    save_figure,
+    schedule,
+    sweep_table,
+    train_or_resume,
+    write_results,
+)
 
 RECIPE = "shakespeare_char/nrgpt.yaml"
 ARMS = {"η = c·diag(γ)": "c_diag_gamma", "free η (full)": "full"}

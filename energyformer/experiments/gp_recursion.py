@@ -21,10 +21,26 @@ from typing import Any
 
 import numpy as np
 
-from energyformer.experiments.common import (Context, converged_cell, convergence, finish_axes, lr_sweep,
-                                             markdown_table, mean_std, plot_learning_curves, pm, pyplot, record_dir,
-                                             resolve, save_figure, schedule, sweep_table, train_or_resume, val_curve,
-                                             write_results)
+from energyformer.experiments.common import (
+    Context,
+    converged_cell,
+    convergence,
+    finish_axes,
+    lr_sweep,
+    markdown_table,
+    mean_std,
+    plot_learning_curves,
+    pm,
+    pyplot,
+    record_dir,
+    resolve,
+    save_figure,
+    schedule,
+    sweep_table,
+    train_or_resume,
+    val_curve,
+    write_results,
+)
 
 #: label -> (recipe, LR family, model overrides, default seeds)
 ARMS: dict[str, tuple[str, str, dict[str, Any], int]] = {

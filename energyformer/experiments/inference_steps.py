@@ -15,7 +15,8 @@ Budget: evaluation only (minutes) once the source runs exist. ``--quick``: the q
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 

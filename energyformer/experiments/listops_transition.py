@@ -24,9 +24,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from energyformer.experiments.common import (Context, converged_cell, convergence, markdown_table,
-                                             plot_learning_curves, record_dir, resolve, train_or_resume,
-                                             write_results)
+from energyformer.experiments.common import (
+    Context,
+    converged_cell,
+    convergence,
+    markdown_table,
+    plot_learning_curves,
+    record_dir,
+    resolve,
+    train_or_resume,
+    write_results,
+)
 
 MODELS: dict[str, str] = {
     "GPT_Rec_parallel": "listops/gpt_rec_parallel.yaml",

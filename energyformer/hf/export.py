@@ -26,8 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, GPT2LMHeadModel,
-                          LlamaForCausalLM)
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    GPT2LMHeadModel,
+    LlamaForCausalLM,
+)
 
 from energyformer.hf.configuration import EnergyformerConfig, config_for
 from energyformer.hf.convert import from_gpt2, from_llama, to_gpt2, to_llama

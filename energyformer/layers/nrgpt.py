@@ -31,7 +31,7 @@ import torch.nn as nn
 from energyformer._validate import check_divides, check_float, check_int
 from energyformer.layers.norms import canonical_norm, make_norm
 from energyformer.layers.nrgpt_options import FF_ENERGIES, NRGPT_ATTENTIONS
-from energyformer.layers.step_maps import STEP_MAPS, StepMap, make_step_map
+from energyformer.layers.step_maps import STEP_MAPS, make_step_map
 from energyformer.layers.trace import Traceable
 
 __all__ = ["NRGPTBlock"]

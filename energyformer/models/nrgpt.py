@@ -123,7 +123,7 @@ class NRGPTConfig(ModelConfig):
                               has_norm_weight=self.norm not in (None, "none"))
 
     @classmethod
-    def reference(cls, task: str = "lm", **overrides: Any) -> "NRGPTConfig":
+    def reference(cls, task: str = "lm", **overrides: Any) -> NRGPTConfig:
         """Config reproducing the released NRGPT code (docs/nrgpt.md §2–§6).
 
         ``task="lm"`` (OWT / Shakespeare runs): inclusive mask. ``task="listops"``: strict mask.

@@ -27,9 +27,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import yaml
 

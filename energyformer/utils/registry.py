@@ -23,13 +23,14 @@ import importlib
 import inspect
 import re
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
 #: every registry created so far, by option name (filled as the modules that define them are imported)
-REGISTRIES: dict[str, "Registry"] = {}
+REGISTRIES: dict[str, Registry] = {}
 
 
 class Registry(Generic[T]):
