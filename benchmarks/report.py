@@ -91,8 +91,14 @@ def generic_columns(rows: list[dict[str, Any]]) -> list[Column]:
     keys: list[str] = []
     for r in rows:
         keys += [k for k, v in r.items() if k not in keys and isinstance(v, (int, float, str)) and k != "goals"]
-    return [(k, (lambda k: lambda r: (f"{r[k]:.3g}" if isinstance(r.get(k), float) else str(r.get(k, "-"))))(k))
-            for k in keys]
+    return [(k, _cell_of(k)) for k in keys]
+
+
+def _cell_of(key: str) -> Callable[[dict[str, Any]], str]:
+    """The formatter of one generic column: floats to 3 significant digits, a missing field as '-'."""
+    def cell(r: dict[str, Any]) -> str:
+        return f"{r[key]:.3g}" if isinstance(r.get(key), float) else str(r.get(key, "-"))
+    return cell
 
 
 def script_of(data: dict[str, Any], path: Path) -> str:

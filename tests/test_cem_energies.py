@@ -150,7 +150,9 @@ def test_temperature_is_sqrt_head_dim_even_for_augmented_heads():
     assert (wrong - default).abs().max() > 1e-3
     # The τ prefactor: the energy −τ·lse(s/τ) has exactly the scale of attention (τ-independent update form);
     # without the prefactor the gradient is 1/τ times smaller.
-    e_no_prefactor = lambda x: interaction_energy(x, h, w_q, w_k, heads, diag=diag) / math.sqrt(DH)
+    def e_no_prefactor(x):
+        return interaction_energy(x, h, w_q, w_k, heads, diag=diag) / math.sqrt(DH)
+
     torch.testing.assert_close(_autograd(e_no_prefactor, g) * math.sqrt(DH), default, atol=ATOL, rtol=0)
 
 

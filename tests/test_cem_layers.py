@@ -197,7 +197,7 @@ def test_mlp_recursion_is_repeated_one_step_map_with_fixed_gate(tie):
     with torch.no_grad():
         h_hat = layer.norm(x)
         xt = x
-        for t in range(3):
+        for _t in range(3):
             w_gate, w_up = layer.gate_proj.weight, layer.up_proj.weight
             ctx = MLP_TIES.get(tie).context(h_hat, w_gate, w_up)
             xt = xt - layer.step_size * MLP_TIES.get(tie).grad(layer.norm(xt), h_hat, w_gate, w_up, ctx)
@@ -226,7 +226,9 @@ def test_parameters_are_shared_over_steps_and_gradients_accumulate():
 
 
 def test_step_size_init_and_preconditioner_fixes_eta():
-    eta = lambda layer: float(layer.step_size.detach())
+    def eta(layer):
+        return float(layer.step_size.detach())
+
     assert eta(_attn(n_steps=1)) == 1.0
     assert abs(eta(_attn(n_steps=4)) - 0.25) < 1e-12
     assert eta(_attn(n_steps=2, step_size=0.3)) == pytest.approx(0.3)

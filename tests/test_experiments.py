@@ -17,7 +17,7 @@ def test_experiment_quick(name, tmp_path, capsys):
     args = ["experiment", name, "--quick", "--seeds", "1", "--results-dir", str(results_dir),
             "--work-dir", str(tmp_path / "work")]
     assert main(args) == 0
-    printed = capsys.readouterr().out
+    capsys.readouterr()
     assert not results_dir.exists(), "--quick never writes into the results directory"
     out = tmp_path / "work" / "quick-results" / name
     table = (out / "table.md").read_text()

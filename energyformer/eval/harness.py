@@ -91,7 +91,7 @@ class EnergyformerLM(TemplateLM):
 
         if str(device).startswith("cuda") and not torch.cuda.is_available():
             # lm-eval's command line defaults to cuda; its hf model falls back to the CPU too
-            warnings.warn(f"device={device!r} is not available; evaluating on cpu")
+            warnings.warn(f"device={device!r} is not available; evaluating on cpu", stacklevel=2)
             device = "cpu"
         self._device = resolve_device(str(device))
         configure_backends(self._device)

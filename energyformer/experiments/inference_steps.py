@@ -90,7 +90,7 @@ def run(ctx: Context) -> dict[str, Any]:
             val = load_split(run_cfg.data.path, "val")
             tc = run_cfg.train
 
-            def loss_of(m: torch.nn.Module) -> float:
+            def loss_of(m: torch.nn.Module, val=val, tc=tc, run_cfg=run_cfg) -> float:
                 return estimate_loss(m, {"val": val}, eval_iters=tc.eval_iters, batch_size=tc.batch_size,
                                      block_size=run_cfg.model.block_size, seed=tc.seed)["val"]
 

@@ -178,7 +178,7 @@ def sync_docs(root: str | Path = ".", write: bool = False) -> list[str]:
     for path in files:
         text = path.read_text(encoding="utf-8")
 
-        def fill(m: re.Match) -> str:
+        def fill(m: re.Match, path: Path = path) -> str:
             if m.group(2) not in tables:
                 raise ValueError(f"{path}: <!-- registry:{m.group(2)} --> names no registry table; "
                                  f"expected one of {', '.join(tables)}")
