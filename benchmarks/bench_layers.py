@@ -276,7 +276,8 @@ def main(argv=None) -> int:
                    help="print the torch.profiler table of this row (name or unique part of it) and exit")
     p.add_argument("--profile-shape", default=None, metavar="d,H,N,B",
                    help="shape of --profile (default: the first shape of --shapes)")
-    p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/bench_layers[-<shapes>]-<device>.json)")
+    p.add_argument("--out", default=None,
+                   help="JSON path (default benchmarks/results/bench_layers[-<shapes>]-<device>.json)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

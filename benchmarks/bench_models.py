@@ -339,7 +339,8 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", metavar="ROW", default=None,
                     help="print the torch.profiler table of this family's training step (name or unique part of "
                          "it; the compiled model with --compile) and exit")
-    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/bench_models-<shape>-<device>.json)")
+    ap.add_argument("--out", default=None,
+                    help="JSON path (default benchmarks/results/bench_models-<shape>-<device>.json)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -553,12 +553,15 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # the CUDA default of every command
     budget = args.budget or (60.0 if args.tiny else 450.0)
     ctx = Ctx(device=args.device, tiny=args.tiny, shape=MODEL_SHAPES["tiny"] if args.tiny else GPT2_SMALL,
-              vocab=TINY_VOCAB if args.tiny else GPT2_VOCAB, repeats=args.repeats or (1 if args.tiny else 3), warmup=0 if args.tiny else 1,
+              vocab=TINY_VOCAB if args.tiny else GPT2_VOCAB, repeats=args.repeats or (1 if args.tiny else 3),
+              warmup=0 if args.tiny else 1,
               backend=args.compile_backend or ("eager" if args.tiny else "inductor"),
               log_dir=Path(args.out).parent if args.out else ROOT / "benchmarks" / "results")
-    out = Path(args.out) if args.out else ctx.log_dir / f"gpu_check-{args.device.replace(':', '')}{'-tiny' * args.tiny}.json"
+    out = (Path(args.out) if args.out
+           else ctx.log_dir / f"gpu_check-{args.device.replace(':', '')}{'-tiny' * args.tiny}.json")
     settings = {"device": args.device, "tiny": args.tiny, "budget_s": budget, "sections": names,
-                "shape": ctx.shape.as_dict(), "vocab": ctx.vocab, "repeats": ctx.repeats, "compile_backend": ctx.backend,
+                "shape": ctx.shape.as_dict(), "vocab": ctx.vocab, "repeats": ctx.repeats,
+                "compile_backend": ctx.backend,
                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     results = run_sections(ctx, names, budget, out, settings)
     say(report(results, ctx.goals))

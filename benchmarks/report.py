@@ -60,7 +60,8 @@ MODEL_COLUMNS: list[Column] = [
     ("activations MiB", lambda r: f"{r.get('peak_mb', r.get('saved_mb', 0)):.1f}"),
 ]
 COMPILE_COLUMNS: list[Column] = [
-    ("compiled tok/s", lambda r: f"{r['compiled_tok_s']:,.0f}" if "compiled_tok_s" in r else r.get("compile_error", "-")),
+    ("compiled tok/s",
+     lambda r: f"{r['compiled_tok_s']:,.0f}" if "compiled_tok_s" in r else r.get("compile_error", "-")),
     ("compiled MFU", _f("compiled_mfu", "{:.1%}")), ("eager / compiled", _f("compile_speedup")),
     ("compile s", _f("compile_s", "{:.0f}")),
 ]
@@ -109,7 +110,8 @@ def script_of(data: dict[str, Any], path: Path) -> str:
 def heading(script: str, data: dict[str, Any], path: Path) -> str:
     env, st = data.get("env", {}), data.get("settings", {})
     where = env.get("gpu") or env.get("cpu") or env.get("machine", "?")
-    bits = [f"torch {env.get('torch', '?')}", f"{env.get('device', '?')} ({where})", f"{env.get('threads', '?')} threads"]
+    bits = [f"torch {env.get('torch', '?')}", f"{env.get('device', '?')} ({where})",
+            f"{env.get('threads', '?')} threads"]
     if script == "bench_layers":
         bits.append(f"shapes {st.get('shapes', '?')}, median of {st.get('repeats', '?')}")
     elif script == "bench_models":

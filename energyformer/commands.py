@@ -287,7 +287,8 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
     takes = set(inspect.signature(model.forward).parameters)
     if set(forward_kwargs) - takes:
         raise ValueError(f"--{sorted(set(forward_kwargs) - takes)[0].replace('_', '-')} is not an option of the "
-                         f"{model.config.arch!r} model; it takes {sorted(takes & {'n_steps', 'stop_tol'}) or 'neither'}")
+                         f"{model.config.arch!r} model; "
+                         f"it takes {sorted(takes & {'n_steps', 'stop_tol'}) or 'neither'}")
 
     def encode(text: str) -> list[int]:
         try:
@@ -360,7 +361,8 @@ def info(recipe: str, overrides: Sequence[str] = ()) -> str:
 
     expected = "a recipe YAML file"
     if not Path(recipe).exists():
-        raise FileNotFoundError(f"{recipe!r} does not exist; expected {expected} or a run directory holding {CONFIG_FILE}")
+        raise FileNotFoundError(f"{recipe!r} does not exist; "
+                                f"expected {expected} or a run directory holding {CONFIG_FILE}")
     if Path(recipe).is_dir():
         recipe = str(run_config_path(recipe, alternative=expected))
     elif Path(recipe).suffix in (".safetensors", ".pt", ".bin") and Path(recipe).is_file():

@@ -1,4 +1,5 @@
-"""CEM energies (energyformer/energies/cem.py, silu_antiderivative.py, rope.py): docs/cem.md §2–§4, docs/testing.md §1, §7, §11, §12.
+"""CEM energies (energyformer/energies/cem.py, silu_antiderivative.py, rope.py): docs/cem.md §2–§4,
+docs/testing.md §1, §7, §11, §12.
 
 Every analytic gradient is held against torch.autograd on its own energy (float64, atol 1e-10,
 B=2, N in {1, 7, 33}, heads in {1, 4}); every fast path against its plain per-element reference.

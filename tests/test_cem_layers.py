@@ -141,7 +141,8 @@ def test_mlp_update_matches_autograd(tie, precond):
     e = MLP_TIES.get(tie).energy(g, h_hat, layer.gate_proj.weight.detach(), layer.up_proj.weight.detach())
     (grad,) = torch.autograd.grad(e.sum(), g)
     with torch.no_grad():
-        torch.testing.assert_close(layer(x), x - layer.step_size_at(0) * grad @ _precond_matrix(layer).t(), atol=ATOL, rtol=0)
+        torch.testing.assert_close(layer(x), x - layer.step_size_at(0) * grad @ _precond_matrix(layer).t(),
+                                   atol=ATOL, rtol=0)
 
 
 def test_grad_through_norm_is_the_true_x_gradient():
@@ -277,7 +278,7 @@ def test_q_proj_is_also_the_output_projection():
         assert (layer(x) - only_query_moved).abs().max() > 1e-6
 
 
-# ----------------------------------------------------------------------------- energy descent (docs/cem.md §9, docs/testing.md §5)
+# ---------------------------------------------------------------- energy descent (docs/cem.md §9, docs/testing.md §5)
 
 @pytest.mark.parametrize("interaction,rope", [("lowrank", None), ("lowrank", "exact"), ("diag_shared", "exact"),
                                               ("diag_per_head", None), ("diag_only", None)])

@@ -95,7 +95,8 @@ def test_convergence_slope_and_plateau(tmp_path):
 
 def test_lr_sweep_picks_lowest_and_a_diverged_run_loses(tmp_path, monkeypatch):
     ctx = Context("x", work_dir=tmp_path, results_dir=tmp_path / "r", verbose=False)
-    outcomes = {1e-3: {"final_val_loss": 2.0}, 3e-3: {"diverged": True, "message": "nan"}, 3e-4: {"final_val_loss": 2.5}}
+    outcomes = {1e-3: {"final_val_loss": 2.0}, 3e-3: {"diverged": True, "message": "nan"},
+                3e-4: {"final_val_loss": 2.5}}
     monkeypatch.setattr(common, "train_or_resume", lambda ctx, name, cfg: outcomes[cfg["lr"]])
     got = lr_sweep(ctx, "fam", lambda lr, steps: {"lr": lr}, (3e-4, 1e-3, 3e-3), 10)
     assert got["best_lr"] == 1e-3 and got["final_val_loss"][2] == float("inf")

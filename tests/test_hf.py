@@ -299,8 +299,9 @@ def test_an_imported_run_is_fine_tuned_with_init_from(tmp_path, capsys):
     data, imp, ft = make_data(tmp_path / "data"), tmp_path / "imp", tmp_path / "ft"
     assert main(["import-hf", str(out), "--out", str(imp)]) == 0
     recipe = str(imp / "config.yaml")
-    args = ["--data.data_dir", str(data), "--train.max_steps", "2", "--train.batch_size", "4", "--train.eval_iters", "1",
-            "--train.log_interval", "1", "--train.warmup_steps", "1", "--train.device", "cpu"]
+    args = ["--data.data_dir", str(data), "--train.max_steps", "2", "--train.batch_size", "4",
+            "--train.eval_iters", "1", "--train.log_interval", "1", "--train.warmup_steps", "1",
+            "--train.device", "cpu"]
     hint = f"to fine-tune it, start a new run from its weights: energyformer train {recipe} --train.init_from {imp} "
     # (the second: the imported config names a dataset that is not prepared; the hint comes first)
     for argv in (["train", recipe, "--train.out_dir", str(imp), *args], ["train", recipe, "--train.out_dir", str(imp)],

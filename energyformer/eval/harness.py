@@ -145,7 +145,8 @@ class EnergyformerLM(TemplateLM):
                 out[i] = lp[r, :len(sequences[i])]
         return out
 
-    def _loglikelihood_tokens(self, requests: list, disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
+    def _loglikelihood_tokens(self, requests: list, disable_tqdm: bool = False,
+                              **kwargs: Any) -> list[tuple[float, bool]]:
         """``(sum of log p(continuation | context), whether it is the greedy continuation)`` per
         ``((context, continuation), context_ids, continuation_ids)``."""
         seqs, spans = [], []

@@ -281,7 +281,8 @@ def record_partial(ctx: Context, run: str) -> Path | None:
     return dst
 
 
-def record_partials(name: str, results_dir: str | Path = "results", work_dir: str | Path = "out/experiments") -> list[Path]:
+def record_partials(name: str, results_dir: str | Path = "results",
+                    work_dir: str | Path = "out/experiments") -> list[Path]:
     """:func:`record_partial` for every unfinished run of experiment ``name`` (e.g. before a
     machine is given back)."""
     ctx = Context(name, results_dir=Path(results_dir), work_dir=Path(work_dir))
@@ -382,7 +383,8 @@ def lr_sweep(ctx: Context, family: str, make_cfg: Callable[[float, int], dict[st
     grid = sorted(tried)
     best = min(grid, key=lambda lr: tried[lr])
     ctx.say(f"  LR sweep {family}: " + ", ".join(f"{lr:g} → {tried[lr]:.4f}" for lr in grid) + f"; using {best:g}")
-    return {"family": family, "steps": steps, "lrs": grid, "final_val_loss": [tried[lr] for lr in grid], "best_lr": best}
+    return {"family": family, "steps": steps, "lrs": grid, "final_val_loss": [tried[lr] for lr in grid],
+            "best_lr": best}
 
 
 def _half_decade(lr: float, up: bool) -> float:
@@ -621,7 +623,8 @@ def char_data(ctx: Context, dataset: str = "shakespeare_char") -> dict[str, Any]
     return {"dataset": out.name, "root": str(out.parent)}
 
 
-__all__ = ["CONFIGS", "Context", "QUICK", "char_data", "convergence", "count_floors", "floors_table", "converged_cell", "finish_axes",
+__all__ = ["CONFIGS", "Context", "QUICK", "char_data", "convergence", "count_floors", "floors_table", "converged_cell",
+           "finish_axes",
            "lr_sweep", "markdown_table", "mean_std", "plot_learning_curves", "pm", "pyplot", "quick_text",
            "record_dir", "resolve", "same_config", "save_figure", "schedule", "sweep_table", "train_or_resume",
            "val_curve", "write_results"]

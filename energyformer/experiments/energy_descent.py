@@ -102,7 +102,8 @@ def run(ctx: Context) -> dict[str, Any]:
     """Sweep the LR per η arm, train the seeds, trace validation text, tabulate monotone fractions."""
     sweeps, results, curves, groups = [], {}, {}, {}
     for label, eta in ARMS.items():
-        sweep = lr_sweep(ctx, f"nrgpt_{eta}", lambda lr, steps, eta=eta: config(ctx, eta, lr, steps, 1), LRS, SWEEP_STEPS)
+        sweep = lr_sweep(ctx, f"nrgpt_{eta}", lambda lr, steps, eta=eta: config(ctx, eta, lr, steps, 1),
+                         LRS, SWEEP_STEPS)
         sweeps.append(sweep)
         per_seed = []
         for seed in ctx.seed_list(DEFAULT_SEEDS):

@@ -129,6 +129,7 @@ def run(ctx: Context) -> dict[str, Any]:
         ax.axvline(per_seed[0]["trained_steps"], color=line.get_color(), linestyle=":")
     finish_axes(ax, "steps at inference (dotted: trained)", "val loss (nats/char)")
     save_figure(ctx, fig, "loss_vs_steps.png")
-    header = (f"Validation loss vs steps at inference, {len(ctx.seed_list(DEFAULT_SEEDS))} seed(s); nats per character; "
+    header = (f"Validation loss vs steps at inference, {len(ctx.seed_list(DEFAULT_SEEDS))} seed(s); "
+              "nats per character; "
               "models from energy_descent (NRGPT) and cem_ablation (CEM T=2).")
     return write_results(ctx, table, {"rows": results, "sources": names}, header)

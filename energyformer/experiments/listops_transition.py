@@ -142,7 +142,8 @@ def run(ctx: Context) -> dict[str, Any]:
         verdict = (f"The pilot reached {pilot['accuracy']:.1%} < 80% at {PILOT_STEPS:,} steps: the width sweep is left "
                    "to the GPU profile (`energyformer experiment listops_transition --profile paper`).")
     plot_learning_curves(ctx, groups, "curves.png", ylabel="val loss (nats/token)")
-    header = (f"ListOps held-out accuracy (greedy final answer, {len(problems)} test problems, ± standard error, 1 seed), "
+    header = (f"ListOps held-out accuracy (greedy final answer, {len(problems)} test problems, "
+              "± standard error, 1 seed), "
               f"{PILOT_STEPS:,} steps with the reference's {DECAY_HORIZON:,}-iteration decay horizon.")
     return write_results(ctx, table, {"pilot": pilot, "widths": sweep}, header, verdict)
 

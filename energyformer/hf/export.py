@@ -150,7 +150,8 @@ def export_run(run_dir: str | Path, to: str | Path, as_: str = "energyformer", p
 
 
 def generation_config(tokenizer: Any, vocab_size: int, use_cache: bool) -> GenerationConfig:
-    """Defaults for ``generate``: the pad id (id 0 without a pad token: any real id, the attention mask hides it), the KV cache on, and ids the tokenizer never produces (a vocabulary padded past the tokenizer's)
+    """Defaults for ``generate``: the pad id (id 0 without a pad token: any real id, the attention mask hides it),
+    the KV cache on, and ids the tokenizer never produces (a vocabulary padded past the tokenizer's)
     suppressed, as ``energyformer sample`` does with ``vocab_limit``."""
     real = tokenizer.vocab_size  # the tokenizer's own ids; <pad> and other added tokens come after
     suppress = list(range(min(real, vocab_size), vocab_size))
