@@ -25,7 +25,17 @@ import argparse
 import sys
 
 import torch
-from common import MODEL_SHAPES, check_exit, run_main, default_out, find_name, goal, interleaved_median_ms, profile_table, write_results
+from common import (
+    MODEL_SHAPES,
+    check_exit,
+    default_out,
+    find_name,
+    goal,
+    interleaved_median_ms,
+    profile_table,
+    run_main,
+    write_results,
+)
 
 from energyformer import build_model
 
@@ -66,7 +76,8 @@ def row_goals(row: dict) -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lengths", type=int, nargs="+", default=None, help="new tokens (default 64 256 512; 16 with --quick)")
+    ap.add_argument("--lengths", type=int, nargs="+", default=None,
+                    help="new tokens (default 64 256 512; 16 with --quick)")
     ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--batch-size", type=int, default=1)
     ap.add_argument("--block-size", type=int, default=1024)
@@ -91,7 +102,8 @@ def main(argv=None) -> int:
         key = find_name(args.profile, [n for n, _ in FAMILIES])
         cfg = {**dict(FAMILIES)[key], **({"d_model": 32} if args.quick else {})}
         torch.manual_seed(0)
-        model = build_model({**cfg, "vocab_size": args.vocab_size, "block_size": args.block_size}).to(args.device).eval()
+        model = build_model({**cfg, "vocab_size": args.vocab_size, "block_size": args.block_size})
+        model = model.to(args.device).eval()
         idx = torch.randint(0, args.vocab_size, (args.batch_size, args.prompt_len), device=args.device)
         n_new, use_cache = args.lengths[0], not args.no_cache
 

@@ -31,13 +31,21 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import torch
+from common import (
+    LAYER_SHAPES,
+    check_exit,
+    default_out,
+    find_name,
+    goal,
+    interleaved_median_ms,
+    profile_table,
+    run_main,
+    write_results,
+)
 from torch.utils import flop_counter
-
-from common import (LAYER_SHAPES, check_exit, run_main, default_out, find_name, goal, interleaved_median_ms, profile_table,
-                    write_results)
 
 import energyformer.models.flops  # noqa: F401  (registers the CPU SDPA FLOP formulas)
 from energyformer.layers import CEMBlock, GPTBlock, NRGPTBlock
@@ -268,7 +276,8 @@ def main(argv=None) -> int:
                    help="print the torch.profiler table of this row (name or unique part of it) and exit")
     p.add_argument("--profile-shape", default=None, metavar="d,H,N,B",
                    help="shape of --profile (default: the first shape of --shapes)")
-    p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/bench_layers[-<shapes>]-<device>.json)")
+    p.add_argument("--out", default=None,
+                   help="JSON path (default benchmarks/results/bench_layers[-<shapes>]-<device>.json)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

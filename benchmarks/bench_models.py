@@ -35,13 +35,30 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
-
-from common import (MODEL_SHAPES, ModelShape, autocast, check_exit, run_main, default_out, find_name, flops_per_s, goal,
-                    interleaved_median_ms, matmul_flops, matmul_step, mfu, model_shape, profile_table,
-                    saved_tensor_bytes, sync, write_results)
+from common import (
+    MODEL_SHAPES,
+    ModelShape,
+    autocast,
+    check_exit,
+    default_out,
+    find_name,
+    flops_per_s,
+    goal,
+    interleaved_median_ms,
+    matmul_flops,
+    matmul_step,
+    mfu,
+    model_shape,
+    profile_table,
+    run_main,
+    saved_tensor_bytes,
+    sync,
+    write_results,
+)
 
 from energyformer import build_model
 from energyformer.models.flops import training_flops_per_token
@@ -322,7 +339,8 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", metavar="ROW", default=None,
                     help="print the torch.profiler table of this family's training step (name or unique part of "
                          "it; the compiled model with --compile) and exit")
-    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/bench_models-<shape>-<device>.json)")
+    ap.add_argument("--out", default=None,
+                    help="JSON path (default benchmarks/results/bench_models-<shape>-<device>.json)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

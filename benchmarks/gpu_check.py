@@ -44,9 +44,10 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPS = ROOT / ".gpu_deps"
@@ -55,10 +56,23 @@ for _p in [str(DEPS)] * DEPS.is_dir() + [str(ROOT), str(ROOT / "benchmarks")]:
         sys.path.insert(0, _p)
 
 import torch  # noqa: E402
-
 from bench_models import build, family_rows, train_step  # noqa: E402
-from common import (MODEL_SHAPES, ModelShape, autocast, environment, flops_per_s, goal, interleaved_median_ms,  # noqa: E402
-                    matmul_flops, matmul_step, mfu, run_main, saved_tensor_bytes, sdpa_kernels, sync)
+from common import (  # noqa: E402
+    MODEL_SHAPES,
+    ModelShape,
+    autocast,
+    environment,
+    flops_per_s,
+    goal,
+    interleaved_median_ms,
+    matmul_flops,
+    matmul_step,
+    mfu,
+    run_main,
+    saved_tensor_bytes,
+    sdpa_kernels,
+    sync,
+)
 
 from energyformer.models.config import default_d_ff  # noqa: E402
 from energyformer.models.flops import training_flops_per_token  # noqa: E402
@@ -539,12 +553,15 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # the CUDA default of every command
     budget = args.budget or (60.0 if args.tiny else 450.0)
     ctx = Ctx(device=args.device, tiny=args.tiny, shape=MODEL_SHAPES["tiny"] if args.tiny else GPT2_SMALL,
-              vocab=TINY_VOCAB if args.tiny else GPT2_VOCAB, repeats=args.repeats or (1 if args.tiny else 3), warmup=0 if args.tiny else 1,
+              vocab=TINY_VOCAB if args.tiny else GPT2_VOCAB, repeats=args.repeats or (1 if args.tiny else 3),
+              warmup=0 if args.tiny else 1,
               backend=args.compile_backend or ("eager" if args.tiny else "inductor"),
               log_dir=Path(args.out).parent if args.out else ROOT / "benchmarks" / "results")
-    out = Path(args.out) if args.out else ctx.log_dir / f"gpu_check-{args.device.replace(':', '')}{'-tiny' * args.tiny}.json"
+    out = (Path(args.out) if args.out
+           else ctx.log_dir / f"gpu_check-{args.device.replace(':', '')}{'-tiny' * args.tiny}.json")
     settings = {"device": args.device, "tiny": args.tiny, "budget_s": budget, "sections": names,
-                "shape": ctx.shape.as_dict(), "vocab": ctx.vocab, "repeats": ctx.repeats, "compile_backend": ctx.backend,
+                "shape": ctx.shape.as_dict(), "vocab": ctx.vocab, "repeats": ctx.repeats,
+                "compile_backend": ctx.backend,
                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     results = run_sections(ctx, names, budget, out, settings)
     say(report(results, ctx.goals))

@@ -14,8 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from common import run_main
 
@@ -59,7 +60,8 @@ MODEL_COLUMNS: list[Column] = [
     ("activations MiB", lambda r: f"{r.get('peak_mb', r.get('saved_mb', 0)):.1f}"),
 ]
 COMPILE_COLUMNS: list[Column] = [
-    ("compiled tok/s", lambda r: f"{r['compiled_tok_s']:,.0f}" if "compiled_tok_s" in r else r.get("compile_error", "-")),
+    ("compiled tok/s",
+     lambda r: f"{r['compiled_tok_s']:,.0f}" if "compiled_tok_s" in r else r.get("compile_error", "-")),
     ("compiled MFU", _f("compiled_mfu", "{:.1%}")), ("eager / compiled", _f("compile_speedup")),
     ("compile s", _f("compile_s", "{:.0f}")),
 ]
@@ -90,8 +92,14 @@ def generic_columns(rows: list[dict[str, Any]]) -> list[Column]:
     keys: list[str] = []
     for r in rows:
         keys += [k for k, v in r.items() if k not in keys and isinstance(v, (int, float, str)) and k != "goals"]
-    return [(k, (lambda k: lambda r: (f"{r[k]:.3g}" if isinstance(r.get(k), float) else str(r.get(k, "-"))))(k))
-            for k in keys]
+    return [(k, _cell_of(k)) for k in keys]
+
+
+def _cell_of(key: str) -> Callable[[dict[str, Any]], str]:
+    """The formatter of one generic column: floats to 3 significant digits, a missing field as '-'."""
+    def cell(r: dict[str, Any]) -> str:
+        return f"{r[key]:.3g}" if isinstance(r.get(key), float) else str(r.get(key, "-"))
+    return cell
 
 
 def script_of(data: dict[str, Any], path: Path) -> str:
@@ -102,7 +110,8 @@ def script_of(data: dict[str, Any], path: Path) -> str:
 def heading(script: str, data: dict[str, Any], path: Path) -> str:
     env, st = data.get("env", {}), data.get("settings", {})
     where = env.get("gpu") or env.get("cpu") or env.get("machine", "?")
-    bits = [f"torch {env.get('torch', '?')}", f"{env.get('device', '?')} ({where})", f"{env.get('threads', '?')} threads"]
+    bits = [f"torch {env.get('torch', '?')}", f"{env.get('device', '?')} ({where})",
+            f"{env.get('threads', '?')} threads"]
     if script == "bench_layers":
         bits.append(f"shapes {st.get('shapes', '?')}, median of {st.get('repeats', '?')}")
     elif script == "bench_models":

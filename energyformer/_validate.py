@@ -6,7 +6,8 @@ so that a mistyped YAML key or flag is fixed in one look.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 
 def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:

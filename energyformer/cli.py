@@ -33,7 +33,8 @@ import os
 import sys
 import traceback
 import warnings
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from energyformer import __version__
 from energyformer import commands as cmd

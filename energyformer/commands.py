@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from energyformer.runs.parser import ArgParser
 
@@ -111,7 +112,8 @@ def prepare_hf(name: str, out_root: str = "data", out: str | None = None, force:
         out: the dataset folder (default OUT_ROOT/<last part of --dataset>).
         force: rebuild even if up to date (finished shards of the same settings are reused).
     """
-    from energyformer.data.hf_corpus import HFSettings, prepare_hf as prepare_corpus
+    from energyformer.data.hf_corpus import HFSettings
+    from energyformer.data.hf_corpus import prepare_hf as prepare_corpus
 
     return prepare_corpus(HFSettings(**(settings or {})), out_dir=out, out_root=out_root, force=force)
 
@@ -285,7 +287,8 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
     takes = set(inspect.signature(model.forward).parameters)
     if set(forward_kwargs) - takes:
         raise ValueError(f"--{sorted(set(forward_kwargs) - takes)[0].replace('_', '-')} is not an option of the "
-                         f"{model.config.arch!r} model; it takes {sorted(takes & {'n_steps', 'stop_tol'}) or 'neither'}")
+                         f"{model.config.arch!r} model; "
+                         f"it takes {sorted(takes & {'n_steps', 'stop_tol'}) or 'neither'}")
 
     def encode(text: str) -> list[int]:
         try:
@@ -358,7 +361,8 @@ def info(recipe: str, overrides: Sequence[str] = ()) -> str:
 
     expected = "a recipe YAML file"
     if not Path(recipe).exists():
-        raise FileNotFoundError(f"{recipe!r} does not exist; expected {expected} or a run directory holding {CONFIG_FILE}")
+        raise FileNotFoundError(f"{recipe!r} does not exist; "
+                                f"expected {expected} or a run directory holding {CONFIG_FILE}")
     if Path(recipe).is_dir():
         recipe = str(run_config_path(recipe, alternative=expected))
     elif Path(recipe).suffix in (".safetensors", ".pt", ".bin") and Path(recipe).is_file():

@@ -1,4 +1,5 @@
-"""CEM energies (energyformer/energies/cem.py, silu_antiderivative.py, rope.py): docs/cem.md §2–§4, docs/testing.md §1, §7, §11, §12.
+"""CEM energies (energyformer/energies/cem.py, silu_antiderivative.py, rope.py): docs/cem.md §2–§4,
+docs/testing.md §1, §7, §11, §12.
 
 Every analytic gradient is held against torch.autograd on its own energy (float64, atol 1e-10,
 B=2, N in {1, 7, 33}, heads in {1, 4}); every fast path against its plain per-element reference.
@@ -11,10 +12,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from energyformer.energies.cem import (gate_tie_context, gate_tie_energy, gate_tie_grad, interaction_context,
-                                       interaction_energy, interaction_energy_reference, interaction_grad,
-                                       interaction_grad_reference, rms_norm_vjp, up_tie_context, up_tie_energy,
-                                       up_tie_grad)
+from energyformer.energies.cem import (
+    gate_tie_context,
+    gate_tie_energy,
+    gate_tie_grad,
+    interaction_context,
+    interaction_energy,
+    interaction_energy_reference,
+    interaction_grad,
+    interaction_grad_reference,
+    rms_norm_vjp,
+    up_tie_context,
+    up_tie_energy,
+    up_tie_grad,
+)
 from energyformer.energies.heads import apply_rope, rope_cos_sin, rope_matrices
 from energyformer.energies.silu_antiderivative import dilog, dilog_neg_exp, silu_antiderivative
 
@@ -140,7 +151,9 @@ def test_temperature_is_sqrt_head_dim_even_for_augmented_heads():
     assert (wrong - default).abs().max() > 1e-3
     # The τ prefactor: the energy −τ·lse(s/τ) has exactly the scale of attention (τ-independent update form);
     # without the prefactor the gradient is 1/τ times smaller.
-    e_no_prefactor = lambda x: interaction_energy(x, h, w_q, w_k, heads, diag=diag) / math.sqrt(DH)
+    def e_no_prefactor(x):
+        return interaction_energy(x, h, w_q, w_k, heads, diag=diag) / math.sqrt(DH)
+
     torch.testing.assert_close(_autograd(e_no_prefactor, g) * math.sqrt(DH), default, atol=ATOL, rtol=0)
 
 

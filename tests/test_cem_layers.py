@@ -141,7 +141,8 @@ def test_mlp_update_matches_autograd(tie, precond):
     e = MLP_TIES.get(tie).energy(g, h_hat, layer.gate_proj.weight.detach(), layer.up_proj.weight.detach())
     (grad,) = torch.autograd.grad(e.sum(), g)
     with torch.no_grad():
-        torch.testing.assert_close(layer(x), x - layer.step_size_at(0) * grad @ _precond_matrix(layer).t(), atol=ATOL, rtol=0)
+        torch.testing.assert_close(layer(x), x - layer.step_size_at(0) * grad @ _precond_matrix(layer).t(),
+                                   atol=ATOL, rtol=0)
 
 
 def test_grad_through_norm_is_the_true_x_gradient():
@@ -197,7 +198,7 @@ def test_mlp_recursion_is_repeated_one_step_map_with_fixed_gate(tie):
     with torch.no_grad():
         h_hat = layer.norm(x)
         xt = x
-        for t in range(3):
+        for _t in range(3):
             w_gate, w_up = layer.gate_proj.weight, layer.up_proj.weight
             ctx = MLP_TIES.get(tie).context(h_hat, w_gate, w_up)
             xt = xt - layer.step_size * MLP_TIES.get(tie).grad(layer.norm(xt), h_hat, w_gate, w_up, ctx)
@@ -226,7 +227,9 @@ def test_parameters_are_shared_over_steps_and_gradients_accumulate():
 
 
 def test_step_size_init_and_preconditioner_fixes_eta():
-    eta = lambda layer: float(layer.step_size.detach())
+    def eta(layer):
+        return float(layer.step_size.detach())
+
     assert eta(_attn(n_steps=1)) == 1.0
     assert abs(eta(_attn(n_steps=4)) - 0.25) < 1e-12
     assert eta(_attn(n_steps=2, step_size=0.3)) == pytest.approx(0.3)
@@ -275,7 +278,7 @@ def test_q_proj_is_also_the_output_projection():
         assert (layer(x) - only_query_moved).abs().max() > 1e-6
 
 
-# ----------------------------------------------------------------------------- energy descent (docs/cem.md §9, docs/testing.md §5)
+# ---------------------------------------------------------------- energy descent (docs/cem.md §9, docs/testing.md §5)
 
 @pytest.mark.parametrize("interaction,rope", [("lowrank", None), ("lowrank", "exact"), ("diag_shared", "exact"),
                                               ("diag_per_head", None), ("diag_only", None)])

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from energyformer.models.config import default_d_ff
 from energyformer.models.cem import CEMConfig, CEMLlama
+from energyformer.models.config import default_d_ff
 from energyformer.models.registry import build_model, config_from_dict
 
 V, BLOCK = 19, 12

@@ -3,11 +3,9 @@ RNG states, atomic writes, torn/corrupt/missing files and load_run errors."""
 import json
 import os
 import random
-
 from pathlib import Path
 
 import numpy as np
-
 import pytest
 import torch
 import torch.nn as nn

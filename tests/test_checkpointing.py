@@ -1,5 +1,5 @@
-"""Activation checkpointing (energyformer.train.parallelize.apply_activation_checkpointing): the same loss and gradients,
-and activation memory that no longer grows with the number of descent steps.
+"""Activation checkpointing (energyformer.train.parallelize.apply_activation_checkpointing): the same loss and
+gradients, and activation memory that no longer grows with the number of descent steps.
 
 Memory is measured exactly as the bytes of the tensors autograd saves for the backward pass
 (torch.autograd.graph.saved_tensors_hooks), which is what checkpointing trades for compute."""

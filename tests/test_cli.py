@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import make_data_dir
 import yaml
+from helpers import make_data_dir
 
 from energyformer import __version__
 from energyformer.cli import main

@@ -328,9 +328,10 @@ def test_renamed_keys_are_upgraded_from_recipes_and_overrides(gpt_renames_width,
 def test_old_key_override_replaces_the_recipes_new_key():
     """nrgpt.yaml says eta_param: full; an override under the old name step_size must win, not clash."""
     with pytest.warns(FutureWarning, match="model.step_size is deprecated"):
-        cfg = load_config(ROOT / "configs/shakespeare_char/nrgpt.yaml", ["--model.step_size", "c_identity"], default_vocab_size=65,
-                          resolve_vocab=True)
+        cfg = load_config(ROOT / "configs/shakespeare_char/nrgpt.yaml", ["--model.step_size", "c_identity"],
+                          default_vocab_size=65, resolve_vocab=True)
     assert cfg.model.eta_param == "c_identity"
     with pytest.raises(ValueError, match="same option"):  # both spellings in one place stay an error
-        load_config(ROOT / "configs/shakespeare_char/nrgpt.yaml", ["--model.step_size", "full", "--model.eta_param", "full"],
-                    default_vocab_size=65, resolve_vocab=True)
+        load_config(ROOT / "configs/shakespeare_char/nrgpt.yaml",
+                    ["--model.step_size", "full", "--model.eta_param", "full"], default_vocab_size=65,
+                    resolve_vocab=True)

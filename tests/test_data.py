@@ -29,8 +29,8 @@ from energyformer.data import (
     markdown_to_text,
     prepare_dataset,
     prepare_text,
+    shakespeare,
 )
-from energyformer.data import shakespeare
 from energyformer.data.loader import get_batch_reference
 
 # ----------------------------------------------------------------------------------------------

@@ -60,7 +60,8 @@ def test_run_configs_have_one_home_and_the_old_import_still_works_with_a_warning
     import energyformer.runs as runs
     import energyformer.train as train_pkg
 
-    with pytest.warns(FutureWarning, match=f"energyformer.train.{name} is deprecated; import it from energyformer.runs"):
+    with pytest.warns(FutureWarning,
+                      match=f"energyformer.train.{name} is deprecated; import it from energyformer.runs"):
         old = getattr(train_pkg, name)
     assert old is getattr(runs, name)
     assert name not in train_pkg.__all__

@@ -12,12 +12,13 @@ import torch.nn.functional as F
 
 pytest.importorskip("lm_eval")
 
+from run_helpers import CHARS, make_data, make_run  # noqa: E402
+
 from energyformer.cli import main  # noqa: E402
 from energyformer.data import CharTokenizer  # noqa: E402
 from energyformer.eval import mmlu  # noqa: E402
 from energyformer.eval.suite import val_loss  # noqa: E402
 from energyformer.runs.rundir import load_run  # noqa: E402
-from run_helpers import CHARS, make_data, make_run  # noqa: E402
 
 
 @pytest.fixture(scope="module")

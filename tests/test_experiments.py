@@ -7,8 +7,7 @@ import shutil
 import pytest
 
 from energyformer.cli import main
-from energyformer.experiments import EXPERIMENTS, run_experiment
-from energyformer.experiments import common
+from energyformer.experiments import EXPERIMENTS, common, run_experiment
 from energyformer.experiments.common import Context, convergence, lr_sweep, resolve, same_config, schedule
 
 
@@ -18,7 +17,7 @@ def test_experiment_quick(name, tmp_path, capsys):
     args = ["experiment", name, "--quick", "--seeds", "1", "--results-dir", str(results_dir),
             "--work-dir", str(tmp_path / "work")]
     assert main(args) == 0
-    printed = capsys.readouterr().out
+    capsys.readouterr()
     assert not results_dir.exists(), "--quick never writes into the results directory"
     out = tmp_path / "work" / "quick-results" / name
     table = (out / "table.md").read_text()
@@ -96,7 +95,8 @@ def test_convergence_slope_and_plateau(tmp_path):
 
 def test_lr_sweep_picks_lowest_and_a_diverged_run_loses(tmp_path, monkeypatch):
     ctx = Context("x", work_dir=tmp_path, results_dir=tmp_path / "r", verbose=False)
-    outcomes = {1e-3: {"final_val_loss": 2.0}, 3e-3: {"diverged": True, "message": "nan"}, 3e-4: {"final_val_loss": 2.5}}
+    outcomes = {1e-3: {"final_val_loss": 2.0}, 3e-3: {"diverged": True, "message": "nan"},
+                3e-4: {"final_val_loss": 2.5}}
     monkeypatch.setattr(common, "train_or_resume", lambda ctx, name, cfg: outcomes[cfg["lr"]])
     got = lr_sweep(ctx, "fam", lambda lr, steps: {"lr": lr}, (3e-4, 1e-3, 3e-3), 10)
     assert got["best_lr"] == 1e-3 and got["final_val_loss"][2] == float("inf")

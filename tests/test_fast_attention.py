@@ -43,7 +43,7 @@ def _assert_same_fwd_bwd(fast_fn, ref_fn, inputs, seed=0):
     for i, (a, b) in enumerate(zip(g_fast, g_ref)):
         a = torch.zeros_like(inputs[i]) if a is None else a
         b = torch.zeros_like(inputs[i]) if b is None else b
-        torch.testing.assert_close(a, b, **TOL, msg=lambda m: f"input {i}: {m}")
+        torch.testing.assert_close(a, b, **TOL, msg=lambda m, i=i: f"input {i}: {m}")
     return fast, g_fast
 
 
@@ -122,7 +122,7 @@ def test_nrgpt_block_fast_equals_use_reference_for_every_parameter(attention, ma
     for name, a, b in zip(names, g0, g1):
         assert (a is None) == (b is None), name
         if a is not None:
-            torch.testing.assert_close(a, b, **TOL, msg=lambda m: f"{name}: {m}")
+            torch.testing.assert_close(a, b, **TOL, msg=lambda m, name=name: f"{name}: {m}")
 
 
 @pytest.mark.parametrize("kind", ["full", "factored"])
@@ -237,7 +237,7 @@ def test_cem_layer_diag_shared_sdpa_equals_dense_for_every_parameter(N):
     layer.interaction.sdpa = None
     torch.testing.assert_close(out[True][0], out[False][0], **TOL)
     for name, a, b in zip(["x", *(n for n, _ in layer.named_parameters())], out[True][1], out[False][1]):
-        torch.testing.assert_close(a, b, **TOL, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(a, b, **TOL, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def test_cem_diag_shared_sdpa_is_one_causal_call_without_mask(monkeypatch):

@@ -9,18 +9,27 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
-
 from helpers import make_data_dir
 
 from energyformer import build_model
 from energyformer.data import load_tokenizer
-from energyformer.data.listops import (FUNCTIONS, SYMBOLS, ListOpsSettings, chain, exclusion_set, generate,
-                                       is_held_out, random_tree, read_test, single_function_tests, to_text)
+from energyformer.data.listops import (
+    FUNCTIONS,
+    SYMBOLS,
+    ListOpsSettings,
+    chain,
+    exclusion_set,
+    generate,
+    is_held_out,
+    random_tree,
+    read_test,
+    single_function_tests,
+    to_text,
+)
 from energyformer.data.task_data import prepare_task_data
 from energyformer.eval.floors import FLOORS_FILE, count_model_losses, dataset_floors, multiple_choice_chance
 from energyformer.tasks.listops import chain_loss, evaluate_listops, listops_report
-from energyformer.tasks.listops_floor import (chance_accuracies, example_log_prob, generator_entropy,
-                                              generator_loss_on)
+from energyformer.tasks.listops_floor import chance_accuracies, example_log_prob, generator_entropy, generator_loss_on
 
 # ---------------------------------------------------------------------------------------------
 # count models

@@ -12,10 +12,10 @@ import torch.nn.functional as F
 pytest.importorskip("lm_eval")
 
 from lm_eval.api.instance import Instance  # noqa: E402
+from run_helpers import CHARS, make_run  # noqa: E402
 
 from energyformer.data import CharTokenizer  # noqa: E402
 from energyformer.eval.harness import EnergyformerLM, run_tasks  # noqa: E402
-from run_helpers import CHARS, make_run  # noqa: E402
 
 TOK = CharTokenizer(CHARS)
 

@@ -14,10 +14,11 @@ import torch
 
 pytest.importorskip("lm_eval")
 
-from energyformer.eval.harness import EnergyformerLM, run_tasks  # noqa: E402
-from energyformer.hf.export import export_run  # noqa: E402
 from run_helpers import CHARS, make_run  # noqa: E402
 from test_harness import TASK  # noqa: E402
+
+from energyformer.eval.harness import EnergyformerLM, run_tasks  # noqa: E402
+from energyformer.hf.export import export_run  # noqa: E402
 
 DOCS = [{"q": "the cat sat on a", "choices": [" mat.", " dog", " cat"], "answer": 0},
         {"q": "the dog ran", "choices": [" to", " on", " a"], "answer": 1}]

@@ -2,7 +2,6 @@
 (energyformer.hf; docs/baselines.md §3, docs/cem.md §2). Offline: HF_HUB_OFFLINE=1 (conftest)."""
 from __future__ import annotations
 
-import inspect
 import json
 import subprocess
 import sys
@@ -13,13 +12,14 @@ import torch
 
 pytest.importorskip("transformers")
 
+from run_helpers import CHARS, char_meta, make_run  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
 import energyformer.hf  # noqa: E402,F401  (registers the Auto classes)
 from energyformer.cli import main  # noqa: E402
 from energyformer.data import CharTokenizer  # noqa: E402
 from energyformer.hf.export import export_run, import_hf  # noqa: E402
 from energyformer.runs.rundir import load_run  # noqa: E402
-from run_helpers import CHARS, char_meta, make_run  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 ARCHS = ["gpt", "llama", "cem", "nrgpt", "gpt_rec"]
 TEXT = "the cat sat on a mat."
@@ -290,16 +290,18 @@ def test_cli_export_and_import_hf(tmp_path, capsys):
 def test_an_imported_run_is_fine_tuned_with_init_from(tmp_path, capsys):
     """import-hf writes weights but no train state: training on it names the command that fine-tunes
     it (--train.init_from), and that fresh run's first loss is the imported model's loss."""
+    from run_helpers import make_data
+
     from energyformer.data import BatchSampler, load_split
     from energyformer.runs.config import load_config
-    from run_helpers import make_data
 
     _, out = _export(tmp_path, {"arch": "nrgpt"})
     data, imp, ft = make_data(tmp_path / "data"), tmp_path / "imp", tmp_path / "ft"
     assert main(["import-hf", str(out), "--out", str(imp)]) == 0
     recipe = str(imp / "config.yaml")
-    args = ["--data.data_dir", str(data), "--train.max_steps", "2", "--train.batch_size", "4", "--train.eval_iters", "1",
-            "--train.log_interval", "1", "--train.warmup_steps", "1", "--train.device", "cpu"]
+    args = ["--data.data_dir", str(data), "--train.max_steps", "2", "--train.batch_size", "4",
+            "--train.eval_iters", "1", "--train.log_interval", "1", "--train.warmup_steps", "1",
+            "--train.device", "cpu"]
     hint = f"to fine-tune it, start a new run from its weights: energyformer train {recipe} --train.init_from {imp} "
     # (the second: the imported config names a dataset that is not prepared; the hint comes first)
     for argv in (["train", recipe, "--train.out_dir", str(imp), *args], ["train", recipe, "--train.out_dir", str(imp)],

@@ -14,10 +14,11 @@ import torch
 
 pytest.importorskip("transformers")
 
+from run_helpers import make_run  # noqa: E402
+
 from energyformer.hf.export import export_run  # noqa: E402
 from energyformer.hf.remote_code import flat_name, remote_sources, rewrite_module  # noqa: E402
 from energyformer.runs.rundir import load_run  # noqa: E402
-from run_helpers import make_run  # noqa: E402
 
 TEXT = "the cat sat on a mat."
 #: first lines of every script run without energyformer: importing it fails

@@ -106,8 +106,8 @@ def test_cached_logits_equal_uncached(cfg):
     _assert_cached_equals_uncached(_model(cfg))
 
 
-@pytest.mark.parametrize("arch,cfg", [("nrgpt", CASES["nrgpt-full-strict"]), ("nrgpt", CASES["nrgpt-factored-inclusive"]),
-                                      ("gpt_rec", CASES["gpt_rec"])])
+@pytest.mark.parametrize("arch,cfg", [("nrgpt", CASES["nrgpt-full-strict"]),
+                                      ("nrgpt", CASES["nrgpt-factored-inclusive"]), ("gpt_rec", CASES["gpt_rec"])])
 def test_recurrent_models_with_other_n_steps_than_trained(arch, cfg):
     model = _model(cfg)
     for n_steps in (1, 7):

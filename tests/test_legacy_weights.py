@@ -12,7 +12,8 @@ V = 11
 # today's name -> the 0.1 name (the inverse of each model's legacy_renames)
 TO_OLD = {
     "cem": [(r"\.attn\.interaction\.", ".attn."), (r"\.preconditioner\.", ".precond.")],
-    "nrgpt": [(r"^block\.attention\.", "block."), (r"^block\.ff\.", "block."), (r"^block\.eta\.weight$", "block.eta_proj.weight"),
+    "nrgpt": [(r"^block\.attention\.", "block."), (r"^block\.ff\.", "block."),
+              (r"^block\.eta\.weight$", "block.eta_proj.weight"),
               (r"^block\.eta\.c_raw$", "block.c_raw"), (r"^block\.eta\.([LS])$", r"block.eta_\1")],
 }
 

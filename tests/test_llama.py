@@ -1,4 +1,5 @@
-"""Llama baseline parity with transformers, and CEM ≡ a weight-tied Llama at T=1 (docs/baselines.md §3, docs/cem.md §2, §3, docs/testing.md §2).
+"""Llama baseline parity with transformers, and CEM ≡ a weight-tied Llama at T=1
+(docs/baselines.md §3, docs/cem.md §2, §3, docs/testing.md §2).
 
 Models are built from config objects only (HF_HUB_OFFLINE=1; nothing is downloaded).
 """
@@ -48,7 +49,8 @@ def test_llama_matches_transformers(n_kv_heads, tie):
 @pytest.mark.parametrize("mlp_tie", ["gate", "up"])
 @pytest.mark.parametrize("head_dim", [None, 6])
 def test_cem_one_step_equals_weight_tied_hf_llama(mlp_tie, head_dim):
-    """CEM, T=1, η=1, rope='llama', lowrank, no P ≡ HF Llama with v_proj = k_proj, o_proj = q_projᵀ, down = gateᵀ (or upᵀ)."""
+    """CEM, T=1, η=1, rope='llama', lowrank, no P ≡ HF Llama with v_proj = k_proj, o_proj = q_projᵀ,
+    down = gateᵀ (or upᵀ)."""
     torch.manual_seed(0)
     cem = CEMLlama(CEMConfig(vocab_size=V, block_size=BLOCK, d_model=32, n_layers=2, n_heads=4, head_dim=head_dim,
                              d_ff=48, n_steps=1, rope="llama", rope_theta=THETA, interaction="lowrank",

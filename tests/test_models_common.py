@@ -10,9 +10,12 @@ V, BLOCK = 23, 16
 
 TINY = {
     "gpt": [dict(d_model=16, n_layers=2, n_heads=2)],
-    "llama": [dict(d_model=16, n_layers=2, n_heads=2, d_ff=24), dict(d_model=16, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=24)],
-    "gpt_rec": [dict(d_model=16, n_heads=2, n_steps=3, parallel=False), dict(d_model=16, n_heads=2, n_steps=3, parallel=True)],
-    "nrgpt": [dict(d_model=16, n_heads=2, n_steps=3), dict(d_model=16, n_heads=2, n_steps=2, ff="ff1", mask="inclusive")],
+    "llama": [dict(d_model=16, n_layers=2, n_heads=2, d_ff=24),
+              dict(d_model=16, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=24)],
+    "gpt_rec": [dict(d_model=16, n_heads=2, n_steps=3, parallel=False),
+                dict(d_model=16, n_heads=2, n_steps=3, parallel=True)],
+    "nrgpt": [dict(d_model=16, n_heads=2, n_steps=3),
+              dict(d_model=16, n_heads=2, n_steps=2, ff="ff1", mask="inclusive")],
     "cem": [dict(d_model=16, n_layers=2, n_heads=2, d_ff=24),
             dict(d_model=16, n_layers=1, n_heads=2, d_ff=24, n_steps=2, interaction="diag_shared",
                  preconditioner="diag_lowrank", preconditioner_rank=2)],

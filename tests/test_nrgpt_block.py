@@ -51,7 +51,8 @@ def autograd_step(blk, x, scale=None):
     if blk.attention.name == "full":
         e_attn = E.attention_energy(gq, blk.attention.J, blk.alpha, blk.beta, blk.attention.strict, context=g)
     else:
-        e_attn = E.attention_energy_factored(gq, *blk.attention._qk(), blk.alpha, blk.beta, blk.attention.strict, context=g)
+        e_attn = E.attention_energy_factored(gq, *blk.attention._qk(), blk.alpha, blk.beta, blk.attention.strict,
+                                             context=g)
     energy = {"ff1": E.ff1_energy, "ff2w": E.ff2w_energy, "ff2": E.ff2_energy}[blk.ff.name]
     e_ff = energy(gq, *blk.ff.weights())
     (ga,) = torch.autograd.grad(e_attn.sum(), gq)

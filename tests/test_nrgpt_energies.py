@@ -229,7 +229,8 @@ def test_fused_ff_grad_equals_reference_forward_and_backward(kind, N, bias):
     torch.testing.assert_close(outs[0][0], outs[1][0], atol=ATOL, rtol=0)
     for a, b in zip(outs[0][1], outs[1][1]):
         torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
-    leaves = [g[:, :3].clone().requires_grad_(True)] + [None if p is None else p.clone().requires_grad_(True) for p in w]
+    leaves = ([g[:, :3].clone().requires_grad_(True)]
+              + [None if p is None else p.clone().requires_grad_(True) for p in w])
     assert torch.autograd.gradcheck(fast, tuple(leaves))
 
 
@@ -246,7 +247,8 @@ def test_fused_gelu_parts_avoid_subnormals_and_stay_exact():
     torch.set_flush_denormal(False)  # process-wide; another test may have left it on
     for t in E._gelu_parts(z64.float()):
         assert not ((t != 0) & (t.abs() < tiny)).any()  # no float32 subnormals
-    assert ((E.gelu_prime(z64.float()).abs() < tiny) & (E.gelu_prime(z64.float()) != 0)).any()  # the reference one has them
+    # the reference one has them
+    assert ((E.gelu_prime(z64.float()).abs() < tiny) & (E.gelu_prime(z64.float()) != 0)).any()
 
 
 def test_ff_energy_values_plain():

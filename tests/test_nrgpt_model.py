@@ -243,7 +243,8 @@ def test_config_validation():
         NRGPTConfig(eta_param="c_diag_gamma", norm=None)
     for kw, name in [(dict(ff="mlp"), "ff"), (dict(attention="sparse"), "attention"), (dict(mask="all"), "mask"),
                      (dict(norm="batchnorm"), "norm"), (dict(eta_param="adam"), "eta_param='adam'"),
-                     (dict(preset="paper"), "preset"), (dict(beta=-1.0), "beta"), (dict(learn_alpha="yes"), "learn_alpha")]:
+                     (dict(preset="paper"), "preset"), (dict(beta=-1.0), "beta"),
+                     (dict(learn_alpha="yes"), "learn_alpha")]:
         with pytest.raises(ValueError, match=name):
             NRGPTConfig(**kw)
     with pytest.raises(ValueError, match="task"):

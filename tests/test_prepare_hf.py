@@ -7,8 +7,13 @@ import pytest
 pytest.importorskip("datasets")
 
 from energyformer.cli import main  # noqa: E402
-from energyformer.data import get_batch, load_meta, load_split, load_tokenizer  # noqa: E402
-from energyformer.data import hf_corpus  # noqa: E402
+from energyformer.data import (  # noqa: E402
+    get_batch,
+    hf_corpus,  # noqa: E402
+    load_meta,
+    load_split,
+    load_tokenizer,
+)
 from energyformer.data.hf_corpus import HFSettings, prepare_hf  # noqa: E402
 
 DOCS = [f"Document {i}: the cat sat on the mat, {'and ran ' * (i % 4)}away.\nThe end {i}." for i in range(23)]

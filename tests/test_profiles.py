@@ -5,11 +5,9 @@ import math
 
 import numpy as np
 import pytest
-
 from helpers import make_data_dir
 
-from energyformer.experiments.profiles import (LISTOPS_WIDTHS, ProfileRun, chinchilla_steps, pack, profile_runs,
-                                               profiles)
+from energyformer.experiments.profiles import LISTOPS_WIDTHS, ProfileRun, chinchilla_steps, pack, profile_runs, profiles
 from energyformer.models.accounting import parameter_counts
 from energyformer.train import train
 

@@ -1,4 +1,5 @@
-"""GPT_Rec / GPT_Rec_parallel (docs/baselines.md §3) and the baseline parameter counts of docs/nrgpt.md §9 / docs/testing.md §10."""
+"""GPT_Rec / GPT_Rec_parallel (docs/baselines.md §3) and the baseline parameter counts of
+docs/nrgpt.md §9 / docs/testing.md §10."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -38,7 +39,8 @@ def plain_forward(model, idx, T):
 
     def mlp(h):
         act = F.relu if model.config.activation == "relu" else F.gelu
-        return act(h @ blk.mlp.up_proj.weight.T + blk.mlp.up_proj.bias) @ blk.mlp.down_proj.weight.T + blk.mlp.down_proj.bias
+        up = act(h @ blk.mlp.up_proj.weight.T + blk.mlp.up_proj.bias)
+        return up @ blk.mlp.down_proj.weight.T + blk.mlp.down_proj.bias
 
     ln = lambda h, m: F.layer_norm(h, (h.shape[-1],), m.weight, m.bias)  # noqa: E731
     for _ in range(T):
@@ -80,7 +82,8 @@ def test_causal_every_step_count(parallel):
 def test_one_shared_block_and_generate():
     model = tiny(True)
     assert len([m for m in model.modules() if m.__class__.__name__ == "GPTBlock"]) == 1
-    deep = RecurrentGPT(RecurrentGPTConfig(d_model=16, n_heads=2, n_steps=9, vocab_size=V, block_size=BLOCK, parallel=True))
+    deep = RecurrentGPT(RecurrentGPTConfig(d_model=16, n_heads=2, n_steps=9, vocab_size=V, block_size=BLOCK,
+                                           parallel=True))
     assert deep.num_params() == model.num_params()  # depth adds no parameters
     idx = torch.randint(0, V, (2, 3))
     out = model.generate(idx, max_new_tokens=5, temperature=0.0, n_steps=2)

@@ -137,7 +137,8 @@ def test_every_step_map_is_its_matrix(name):
     v = _x(5)
     torch.testing.assert_close(m(v), v @ m.matrix().t(), atol=ATOL, rtol=0)
     if name not in ("full", "psd_plus_skew"):
-        torch.testing.assert_close(m.matrix(), 0.3 * torch.eye(D, dtype=torch.float64), atol=1e-6, rtol=0)  # float32 init
+        # float32 init
+        torch.testing.assert_close(m.matrix(), 0.3 * torch.eye(D, dtype=torch.float64), atol=1e-6, rtol=0)
     else:
         assert (m.matrix() - 0.3 * torch.eye(D, dtype=torch.float64)).abs().max() < 0.5
 

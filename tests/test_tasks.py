@@ -11,7 +11,8 @@ import torch
 
 from energyformer import build_model
 from energyformer.data import load_tokenizer
-from energyformer.data.gp import GPSettings, generate as gp_generate, rbf_kernel
+from energyformer.data.gp import GPSettings, rbf_kernel
+from energyformer.data.gp import generate as gp_generate
 from energyformer.data.listops import ListOpsSettings, chain, evaluate, generate, is_held_out
 from energyformer.data.task_data import prepare_task_data
 from energyformer.tasks.gp import evaluate_regressor, posterior_mean, rmse_per_position

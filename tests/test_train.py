@@ -5,16 +5,16 @@ import json
 import math
 
 import pytest
-from helpers import make_data_dir
 import torch
+from helpers import make_data_dir
 
 from energyformer.models import ARCHS, get_arch
 from energyformer.runs import load_config, load_run
-from energyformer.train import TrainingDivergedError, lr_at, train
-from energyformer.train import loop as loop_mod
 from energyformer.runs.checkpoint import find_checkpoint, load_train_state
 from energyformer.runs.config import TrainConfig
 from energyformer.runs.rundir import read_metrics
+from energyformer.train import TrainingDivergedError, lr_at, train
+from energyformer.train import loop as loop_mod
 from energyformer.train.optim import build_optimizer, param_groups
 
 
@@ -372,6 +372,7 @@ def test_a_no_op_run_keeps_a_truthful_summary(data_dir, tmp_path):
 
 def test_data_identity_is_recorded_and_checked(data_dir, tmp_path):
     import shutil
+
     from energyformer.data import data_identity
     data = tmp_path / "data"
     shutil.copytree(data_dir, data)

@@ -37,8 +37,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from energyformer.energies.heads import (apply_rope, causal_mask, merge_heads, rope_matrices, sdpa_causal_kwargs,
-                                         split_heads)
+from energyformer.energies.heads import (
+    apply_rope,
+    causal_mask,
+    merge_heads,
+    rope_matrices,
+    sdpa_causal_kwargs,
+    split_heads,
+)
 from energyformer.energies.silu_antiderivative import silu_antiderivative
 
 __all__ = [
@@ -105,7 +111,8 @@ def _check_interaction(g: torch.Tensor, h_ctx: torch.Tensor, w_q, w_k, n_heads: 
     if rope is not None:
         cos, sin = rope
         if cos.shape != (g.shape[1], head_dim) or sin.shape != cos.shape:
-            raise ValueError(f"rope (cos, sin) must be (N, head_dim)=({g.shape[1]}, {head_dim}); got {tuple(cos.shape)}")
+            raise ValueError(f"rope (cos, sin) must be (N, head_dim)=({g.shape[1]}, {head_dim}); "
+                             f"got {tuple(cos.shape)}")
     return head_dim, (math.sqrt(head_dim) if tau is None else float(tau))
 
 
@@ -410,7 +417,8 @@ def gate_tie_context(h_ctx: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tens
 
 
 def gate_tie_energy(g: torch.Tensor, h_ctx: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
-    """Gate tie (variant A): per-token ``ε = − Σ_m (W_U ĥ)_m F(w^gate_m·g)`` (B, N), ``F(z) = z·softplus(z) + Li₂(−e^z)``.
+    """Gate tie (variant A): per-token ``ε = − Σ_m (W_U ĥ)_m F(w^gate_m·g)`` (B, N),
+    ``F(z) = z·softplus(z) + Li₂(−e^z)``.
 
     Raises:
         ValueError: shape mismatch.
@@ -463,7 +471,8 @@ def up_tie_grad(g: torch.Tensor, h_ctx: torch.Tensor, w_gate: torch.Tensor, w_up
 # ----------------------------------------------------------------------------- norm Jacobian
 
 def rms_norm_vjp(x: torch.Tensor, v: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """``J_Norm(x)ᵀ v`` for ``RMSNorm(x) = γ ⊙ x / r``, ``r = sqrt(mean(x²) + eps)`` (docs/cem.md §7 ``grad_through_norm``).
+    """``J_Norm(x)ᵀ v`` for ``RMSNorm(x) = γ ⊙ x / r``, ``r = sqrt(mean(x²) + eps)``
+    (docs/cem.md §7 ``grad_through_norm``).
 
     ``Jᵀ v = (γ⊙v)/r − x · (x·(γ⊙v)) / (d r³)``; shapes (…, d) -> (…, d). Used to turn ``∇_g ε`` into
     the true ``∇_x ε`` when the energy is differentiated through the norm.

@@ -8,8 +8,9 @@ Reads only what ``energyformer train`` writes into a run directory, through the 
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from energyformer.runs.rundir import CONFIG_FILE, read_metrics, read_run_config, read_summary
 

@@ -33,9 +33,9 @@ import sys
 import warnings
 from typing import Any
 
+import lm_eval.evaluator
 import torch
 import torch.nn.functional as F
-import lm_eval.evaluator
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
@@ -91,7 +91,7 @@ class EnergyformerLM(TemplateLM):
 
         if str(device).startswith("cuda") and not torch.cuda.is_available():
             # lm-eval's command line defaults to cuda; its hf model falls back to the CPU too
-            warnings.warn(f"device={device!r} is not available; evaluating on cpu")
+            warnings.warn(f"device={device!r} is not available; evaluating on cpu", stacklevel=2)
             device = "cpu"
         self._device = resolve_device(str(device))
         configure_backends(self._device)
@@ -145,7 +145,8 @@ class EnergyformerLM(TemplateLM):
                 out[i] = lp[r, :len(sequences[i])]
         return out
 
-    def _loglikelihood_tokens(self, requests: list, disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
+    def _loglikelihood_tokens(self, requests: list, disable_tqdm: bool = False,
+                              **kwargs: Any) -> list[tuple[float, bool]]:
         """``(sum of log p(continuation | context), whether it is the greedy continuation)`` per
         ``((context, continuation), context_ids, continuation_ids)``."""
         seqs, spans = [], []

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 import torch.nn as nn

@@ -30,9 +30,9 @@ import importlib.util
 import json
 import math
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 COT_PROMPTS = Path("tasks") / "mmlu" / "flan_cot_fewshot" / "_cot_prompts.json"
 LETTERS = "ABCD"

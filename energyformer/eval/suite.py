@@ -15,11 +15,11 @@ Tasks:
 """
 from __future__ import annotations
 
-import json
 import math
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -185,7 +185,8 @@ def format_report(report: dict[str, Any]) -> str:
     def num(x: Any) -> str:
         return f"{x:.4f}" if isinstance(x, float) and math.isfinite(x) else str(x)
 
-    lines = [f"**{report['run']}**", "", "| task | metric | value | ± stderr | chance | n |", "|---|---|---|---|---|---|"]
+    lines = [f"**{report['run']}**", "", "| task | metric | value | ± stderr | chance | n |",
+             "|---|---|---|---|---|---|"]
     for name, res in report["tasks"].items():
         if name == "mmlu_dev":
             lines.append(f"| mmlu_dev ({_shots(res)}) | acc | {num(res['acc'])} | {num(res['acc_stderr'])} "

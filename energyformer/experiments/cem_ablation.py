@@ -16,9 +16,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from energyformer.experiments.common import (Context, char_data, converged_cell, convergence, count_floors,
-                                             floors_table, lr_sweep, markdown_table, plot_learning_curves, pm, record_dir, resolve, schedule,
-                                             sweep_table, train_or_resume, write_results)
+from energyformer.experiments.common import (
+    Context,
+    char_data,
+    converged_cell,
+    convergence,
+    count_floors,
+    floors_table,
+    lr_sweep,
+    markdown_table,
+    plot_learning_curves,
+    pm,
+    record_dir,
+    resolve,
+    schedule,
+    sweep_table,
+    train_or_resume,
+    write_results,
+)
 
 #: label -> (recipe under configs/, LR family, default seeds)
 VARIANTS: dict[str, tuple[str, str, int]] = {

@@ -28,16 +28,24 @@ import json
 import math
 import shutil
 import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 
 from energyformer.runs.config import load_config
 from energyformer.runs.recipe import deep_merge, read_recipe
-from energyformer.runs.rundir import (CONFIG_FILE, MARKER_FILE, META_FILE, METRICS_FILE, SUMMARY_FILE,
-                                      read_run_config, read_summary)
+from energyformer.runs.rundir import (
+    CONFIG_FILE,
+    MARKER_FILE,
+    META_FILE,
+    METRICS_FILE,
+    SUMMARY_FILE,
+    read_run_config,
+    read_summary,
+)
 from energyformer.utils.io import atomic_write_json, atomic_write_text
 
 #: the recipe folder of the repository (experiments are defined as recipes + overrides)
@@ -273,7 +281,8 @@ def record_partial(ctx: Context, run: str) -> Path | None:
     return dst
 
 
-def record_partials(name: str, results_dir: str | Path = "results", work_dir: str | Path = "out/experiments") -> list[Path]:
+def record_partials(name: str, results_dir: str | Path = "results",
+                    work_dir: str | Path = "out/experiments") -> list[Path]:
     """:func:`record_partial` for every unfinished run of experiment ``name`` (e.g. before a
     machine is given back)."""
     ctx = Context(name, results_dir=Path(results_dir), work_dir=Path(work_dir))
@@ -374,7 +383,8 @@ def lr_sweep(ctx: Context, family: str, make_cfg: Callable[[float, int], dict[st
     grid = sorted(tried)
     best = min(grid, key=lambda lr: tried[lr])
     ctx.say(f"  LR sweep {family}: " + ", ".join(f"{lr:g} → {tried[lr]:.4f}" for lr in grid) + f"; using {best:g}")
-    return {"family": family, "steps": steps, "lrs": grid, "final_val_loss": [tried[lr] for lr in grid], "best_lr": best}
+    return {"family": family, "steps": steps, "lrs": grid, "final_val_loss": [tried[lr] for lr in grid],
+            "best_lr": best}
 
 
 def _half_decade(lr: float, up: bool) -> float:
@@ -613,7 +623,8 @@ def char_data(ctx: Context, dataset: str = "shakespeare_char") -> dict[str, Any]
     return {"dataset": out.name, "root": str(out.parent)}
 
 
-__all__ = ["CONFIGS", "Context", "QUICK", "char_data", "convergence", "count_floors", "floors_table", "converged_cell", "finish_axes",
+__all__ = ["CONFIGS", "Context", "QUICK", "char_data", "convergence", "count_floors", "floors_table", "converged_cell",
+           "finish_axes",
            "lr_sweep", "markdown_table", "mean_std", "plot_learning_curves", "pm", "pyplot", "quick_text",
            "record_dir", "resolve", "same_config", "save_figure", "schedule", "sweep_table", "train_or_resume",
            "val_curve", "write_results"]

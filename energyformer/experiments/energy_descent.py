@@ -19,10 +19,27 @@ from typing import Any
 import numpy as np
 import torch
 
-from energyformer.experiments.common import (Context, char_data, converged_cell, convergence, count_floors,
-                                             finish_axes, floors_table, lr_sweep,
-                                             markdown_table, plot_learning_curves, pm, pyplot, record_dir, resolve,
-                                             save_figure, schedule, sweep_table, train_or_resume, write_results)
+from energyformer.experiments.common import (
+    Context,
+    char_data,
+    converged_cell,
+    convergence,
+    count_floors,
+    finish_axes,
+    floors_table,
+    lr_sweep,
+    markdown_table,
+    plot_learning_curves,
+    pm,
+    pyplot,
+    record_dir,
+    resolve,
+    save_figure,
+    schedule,
+    sweep_table,
+    train_or_resume,
+    write_results,
+)
 
 RECIPE = "shakespeare_char/nrgpt.yaml"
 ARMS = {"η = c·diag(γ)": "c_diag_gamma", "free η (full)": "full"}
@@ -85,7 +102,8 @@ def run(ctx: Context) -> dict[str, Any]:
     """Sweep the LR per η arm, train the seeds, trace validation text, tabulate monotone fractions."""
     sweeps, results, curves, groups = [], {}, {}, {}
     for label, eta in ARMS.items():
-        sweep = lr_sweep(ctx, f"nrgpt_{eta}", lambda lr, steps: config(ctx, eta, lr, steps, 1), LRS, SWEEP_STEPS)
+        sweep = lr_sweep(ctx, f"nrgpt_{eta}", lambda lr, steps, eta=eta: config(ctx, eta, lr, steps, 1),
+                         LRS, SWEEP_STEPS)
         sweeps.append(sweep)
         per_seed = []
         for seed in ctx.seed_list(DEFAULT_SEEDS):

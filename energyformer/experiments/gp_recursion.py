@@ -21,10 +21,26 @@ from typing import Any
 
 import numpy as np
 
-from energyformer.experiments.common import (Context, converged_cell, convergence, finish_axes, lr_sweep,
-                                             markdown_table, mean_std, plot_learning_curves, pm, pyplot, record_dir,
-                                             resolve, save_figure, schedule, sweep_table, train_or_resume, val_curve,
-                                             write_results)
+from energyformer.experiments.common import (
+    Context,
+    converged_cell,
+    convergence,
+    finish_axes,
+    lr_sweep,
+    markdown_table,
+    mean_std,
+    plot_learning_curves,
+    pm,
+    pyplot,
+    record_dir,
+    resolve,
+    save_figure,
+    schedule,
+    sweep_table,
+    train_or_resume,
+    val_curve,
+    write_results,
+)
 
 #: label -> (recipe, LR family, model overrides, default seeds)
 ARMS: dict[str, tuple[str, str, dict[str, Any], int]] = {
@@ -121,7 +137,8 @@ def _table(results: dict[str, Any], floor: dict[str, Any]) -> str:
     blank = ["–"] * 5
     rows.append(["GP posterior mean (Bayes floor)"] + blank + [f"{floor['rmse_gp_floor']:.4f}"]
                 + [f"{floor['gp_floor'][c]:.4f}" for c in picks])
-    rows.append(["prior mean (0)"] + blank + [f"{floor['rmse_prior']:.4f}"] + [f"{floor['prior'][c]:.4f}" for c in picks])
+    rows.append(["prior mean (0)"] + blank + [f"{floor['rmse_prior']:.4f}"]
+                + [f"{floor['prior'][c]:.4f}" for c in picks])
     return markdown_table(head, rows)
 
 
@@ -137,5 +154,5 @@ def _plots(ctx: Context, results: dict[str, Any], floor: dict[str, Any], groups)
     ax.plot(ctxs, floor["prior"], "k:", label="prior mean")
     finish_axes(ax, "context length (pairs before the query)", "RMSE")
     save_figure(ctx, fig, "rmse_vs_context.png")
-    plot_learning_curves(ctx, groups, "curves.png", floors={"GP posterior mean (MSE floor)": floor["rmse_gp_floor"] ** 2},
-                         ylabel="val MSE")
+    plot_learning_curves(ctx, groups, "curves.png",
+                         floors={"GP posterior mean (MSE floor)": floor["rmse_gp_floor"] ** 2}, ylabel="val MSE")

@@ -15,7 +15,8 @@ Budget: evaluation only (minutes) once the source runs exist. ``--quick``: the q
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -89,7 +90,7 @@ def run(ctx: Context) -> dict[str, Any]:
             val = load_split(run_cfg.data.path, "val")
             tc = run_cfg.train
 
-            def loss_of(m: torch.nn.Module) -> float:
+            def loss_of(m: torch.nn.Module, val=val, tc=tc, run_cfg=run_cfg) -> float:
                 return estimate_loss(m, {"val": val}, eval_iters=tc.eval_iters, batch_size=tc.batch_size,
                                      block_size=run_cfg.model.block_size, seed=tc.seed)["val"]
 
@@ -128,6 +129,7 @@ def run(ctx: Context) -> dict[str, Any]:
         ax.axvline(per_seed[0]["trained_steps"], color=line.get_color(), linestyle=":")
     finish_axes(ax, "steps at inference (dotted: trained)", "val loss (nats/char)")
     save_figure(ctx, fig, "loss_vs_steps.png")
-    header = (f"Validation loss vs steps at inference, {len(ctx.seed_list(DEFAULT_SEEDS))} seed(s); nats per character; "
+    header = (f"Validation loss vs steps at inference, {len(ctx.seed_list(DEFAULT_SEEDS))} seed(s); "
+              "nats per character; "
               "models from energy_descent (NRGPT) and cem_ablation (CEM T=2).")
     return write_results(ctx, table, {"rows": results, "sources": names}, header)

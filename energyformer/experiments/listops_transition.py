@@ -24,9 +24,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from energyformer.experiments.common import (Context, converged_cell, convergence, markdown_table,
-                                             plot_learning_curves, record_dir, resolve, train_or_resume,
-                                             write_results)
+from energyformer.experiments.common import (
+    Context,
+    converged_cell,
+    convergence,
+    markdown_table,
+    plot_learning_curves,
+    record_dir,
+    resolve,
+    train_or_resume,
+    write_results,
+)
 
 MODELS: dict[str, str] = {
     "GPT_Rec_parallel": "listops/gpt_rec_parallel.yaml",
@@ -134,7 +142,8 @@ def run(ctx: Context) -> dict[str, Any]:
         verdict = (f"The pilot reached {pilot['accuracy']:.1%} < 80% at {PILOT_STEPS:,} steps: the width sweep is left "
                    "to the GPU profile (`energyformer experiment listops_transition --profile paper`).")
     plot_learning_curves(ctx, groups, "curves.png", ylabel="val loss (nats/token)")
-    header = (f"ListOps held-out accuracy (greedy final answer, {len(problems)} test problems, ± standard error, 1 seed), "
+    header = (f"ListOps held-out accuracy (greedy final answer, {len(problems)} test problems, "
+              "± standard error, 1 seed), "
               f"{PILOT_STEPS:,} steps with the reference's {DECAY_HORIZON:,}-iteration decay horizon.")
     return write_results(ctx, table, {"pilot": pilot, "widths": sweep}, header, verdict)
 

@@ -37,9 +37,10 @@ import copy
 import dataclasses
 import functools
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from energyformer.runs.config import RunConfig, TrainConfig, load_config
 from energyformer.runs.recipe import read_recipe
@@ -142,7 +143,7 @@ class ProfileRun:
         tc = TrainConfig(**self.recipe_dict(root).get("train", {}))
         return tc.batch_size * tc.grad_accum_steps * self.model_config(root).block_size
 
-    def for_world_size(self, world_size: int, root: str | Path | None = None) -> "ProfileRun":
+    def for_world_size(self, world_size: int, root: str | Path | None = None) -> ProfileRun:
         """This run for data-parallel training on ``world_size`` processes with the same global
         batch: ``grad_accum_steps`` divided by ``world_size`` (training multiplies the per-process
         batch by the number of processes).
@@ -208,7 +209,7 @@ def profiles() -> dict[str, list[str]]:
     return {name: sorted(p) for name, p in PROFILES.items()}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cached(experiment: str, profile: str) -> tuple[ProfileRun, ...]:
     return tuple(PROFILES[experiment][profile]())
 

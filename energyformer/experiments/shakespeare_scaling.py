@@ -17,10 +17,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from energyformer.experiments.common import (Context, char_data, converged_cell, convergence, count_floors,
-                                             finish_axes, floors_table, lr_sweep,
-                                             markdown_table, plot_learning_curves, pm, pyplot, record_dir, resolve,
-                                             save_figure, schedule, sweep_table, train_or_resume, write_results)
+from energyformer.experiments.common import (
+    Context,
+    char_data,
+    converged_cell,
+    convergence,
+    count_floors,
+    finish_axes,
+    floors_table,
+    lr_sweep,
+    markdown_table,
+    plot_learning_curves,
+    pm,
+    pyplot,
+    record_dir,
+    resolve,
+    save_figure,
+    schedule,
+    sweep_table,
+    train_or_resume,
+    write_results,
+)
 
 WIDTHS = (64, 128, 256)
 MODELS: dict[str, str] = {

@@ -79,7 +79,8 @@ def to_llama(model: CausalLM) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
                 tied = gate if c.mlp_tie == "gate" else up
                 out.update({
                     p + "self_attn.q_proj.weight": q.clone(), p + "self_attn.k_proj.weight": k.clone(),
-                    p + "self_attn.v_proj.weight": k.clone(), p + "self_attn.o_proj.weight": blk.attn.step_size_at(0) * q.t(),
+                    p + "self_attn.v_proj.weight": k.clone(),
+                    p + "self_attn.o_proj.weight": blk.attn.step_size_at(0) * q.t(),
                     p + "mlp.gate_proj.weight": gate.clone(), p + "mlp.up_proj.weight": up.clone(),
                     p + "mlp.down_proj.weight": blk.mlp.step_size_at(0) * tied.t(),
                     p + "input_layernorm.weight": blk.attn.norm.weight.detach().clone(),
@@ -158,7 +159,8 @@ def fold_head_bias(weight: torch.Tensor, head_bias: torch.Tensor, ln_bias: torch
     return (ln_bias.double() + delta).to(ln_bias.dtype)
 
 
-def from_llama(hf_config: LlamaConfig, state: dict[str, torch.Tensor]) -> tuple[OurLlamaConfig, dict[str, torch.Tensor]]:
+def from_llama(hf_config: LlamaConfig,
+               state: dict[str, torch.Tensor]) -> tuple[OurLlamaConfig, dict[str, torch.Tensor]]:
     """Our Llama config and state dict from a stock ``LlamaForCausalLM``'s.
 
     Raises:
@@ -230,7 +232,8 @@ def from_gpt2(hf_config: GPT2Config, state: dict[str, torch.Tensor]) -> tuple[GP
             s + "ln_1.weight": sd[p + "ln_1.weight"], s + "ln_1.bias": sd[p + "ln_1.bias"],
             s + "ln_2.weight": sd[p + "ln_2.weight"], s + "ln_2.bias": sd[p + "ln_2.bias"],
             s + "attn.qkv_proj.weight": sd[p + "attn.c_attn.weight"].t(),
-            s + "attn.o_proj.weight": sd[p + "attn.c_proj.weight"].t(), s + "attn.o_proj.bias": sd[p + "attn.c_proj.bias"],
+            s + "attn.o_proj.weight": sd[p + "attn.c_proj.weight"].t(),
+            s + "attn.o_proj.bias": sd[p + "attn.c_proj.bias"],
             s + "mlp.up_proj.weight": sd[p + "mlp.c_fc.weight"].t(), s + "mlp.up_proj.bias": sd[p + "mlp.c_fc.bias"],
             s + "mlp.down_proj.weight": sd[p + "mlp.c_proj.weight"].t(),
             s + "mlp.down_proj.bias": sd[p + "mlp.c_proj.bias"],

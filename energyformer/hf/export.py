@@ -26,8 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, GPT2LMHeadModel,
-                          LlamaForCausalLM)
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    GPT2LMHeadModel,
+    LlamaForCausalLM,
+)
 
 from energyformer.hf.configuration import EnergyformerConfig, config_for
 from energyformer.hf.convert import from_gpt2, from_llama, to_gpt2, to_llama
@@ -144,7 +150,8 @@ def export_run(run_dir: str | Path, to: str | Path, as_: str = "energyformer", p
 
 
 def generation_config(tokenizer: Any, vocab_size: int, use_cache: bool) -> GenerationConfig:
-    """Defaults for ``generate``: the pad id (id 0 without a pad token: any real id, the attention mask hides it), the KV cache on, and ids the tokenizer never produces (a vocabulary padded past the tokenizer's)
+    """Defaults for ``generate``: the pad id (id 0 without a pad token: any real id, the attention mask hides it),
+    the KV cache on, and ids the tokenizer never produces (a vocabulary padded past the tokenizer's)
     suppressed, as ``energyformer sample`` does with ``vocab_limit``."""
     real = tokenizer.vocab_size  # the tokenizer's own ids; <pad> and other added tokens come after
     suppress = list(range(min(real, vocab_size), vocab_size))

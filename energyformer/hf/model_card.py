@@ -17,7 +17,8 @@ from energyformer.runs.rundir import read_metrics
 LOAD_LINES = {
     "energyformer": ("from transformers import AutoModelForCausalLM, AutoTokenizer\n"
                      "tok = AutoTokenizer.from_pretrained(DIR, trust_remote_code=True)\n"
-                     "model = AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)  # code in this folder\n"
+                     "model = AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)"
+                     "  # code in this folder\n"
                      "out = model.generate(**tok([\"The \"], return_tensors=\"pt\"), max_new_tokens=40)"),
     "stock": ("from transformers import AutoModelForCausalLM, AutoTokenizer\n"
               "tok, model = AutoTokenizer.from_pretrained(DIR), AutoModelForCausalLM.from_pretrained(DIR)"),

@@ -89,7 +89,7 @@ class EnergyformerForCausalLM(EnergyformerPreTrainedModel, GenerationMixin):
         model_kwargs["cache"] = self.model.new_cache()
 
     def get_input_embeddings(self) -> torch.nn.Module:
-        return getattr(self.model, "wte", None) or getattr(self.model, "embed_tokens")
+        return getattr(self.model, "wte", None) or self.model.embed_tokens
 
     def get_output_embeddings(self) -> torch.nn.Module:
         return self.model.lm_head

@@ -17,8 +17,9 @@ embedding, and the model config does not claim it. No BOS/EOS: our models are tr
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from transformers import PreTrainedTokenizerFast
 

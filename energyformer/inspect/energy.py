@@ -19,8 +19,9 @@ map / preconditioner), so ``cos < 1`` shows the step map at work (NRGPT's η, CE
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 

@@ -40,9 +40,9 @@ from energyformer.utils.registry import Registry
 __all__ = ["INTERACTIONS", "MLP_TIES", "ROPE_CHOICES", "Interaction", "MLPTie", "LowRankInteraction",
            "DiagSharedInteraction", "DiagPerHeadInteraction", "DiagOnlyInteraction"]
 
-INTERACTIONS: Registry[type["Interaction"]] = Registry(
+INTERACTIONS: Registry[type[Interaction]] = Registry(
     "interaction", "CEM attention interaction energies (model option `interaction`)", "docs/cem.md §4")
-MLP_TIES: Registry[type["MLPTie"]] = Registry(
+MLP_TIES: Registry[type[MLPTie]] = Registry(
     "mlp_tie", "CEM gated-MLP energies (model option `mlp_tie`)", "docs/cem.md §3")
 ROPE_CHOICES = ("exact", "llama", None)
 

@@ -31,7 +31,7 @@ import torch.nn as nn
 from energyformer._validate import check_divides, check_float, check_int
 from energyformer.layers.norms import canonical_norm, make_norm
 from energyformer.layers.nrgpt_options import FF_ENERGIES, NRGPT_ATTENTIONS
-from energyformer.layers.step_maps import STEP_MAPS, StepMap, make_step_map
+from energyformer.layers.step_maps import STEP_MAPS, make_step_map
 from energyformer.layers.trace import Traceable
 
 __all__ = ["NRGPTBlock"]
@@ -83,7 +83,8 @@ class NRGPTBlock(Traceable, nn.Module):
         check_int("d_model", d_model, 1)
         check_int("n_heads", n_heads, 1)
         check_divides("n_heads", n_heads, "d_model", d_model)
-        attention_cls, ff_cls, eta_cls = NRGPT_ATTENTIONS.get(attention), FF_ENERGIES.get(ff), STEP_MAPS.get(eta_param, "eta_param")
+        attention_cls, ff_cls = NRGPT_ATTENTIONS.get(attention), FF_ENERGIES.get(ff)
+        eta_cls = STEP_MAPS.get(eta_param, "eta_param")
         norm = canonical_norm(norm)
         check_float("dropout", dropout, 0.0, maximum=0.999)
         head_dim = d_model // n_heads if head_dim is None else check_int("head_dim", head_dim, 1)

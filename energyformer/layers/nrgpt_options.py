@@ -34,9 +34,9 @@ __all__ = ["NRGPT_ATTENTIONS", "FF_ENERGIES", "MASKS", "NRGPTAttention", "FFEner
 #: the attention masks (model option ``mask``): ``"strict"`` B < A (the paper), ``"inclusive"`` B ≤ A
 MASKS = ("strict", "inclusive")
 
-NRGPT_ATTENTIONS: Registry[type["NRGPTAttention"]] = Registry(
+NRGPT_ATTENTIONS: Registry[type[NRGPTAttention]] = Registry(
     "attention", "NRGPT attention energies (model option `attention`)", "docs/nrgpt.md §2")
-FF_ENERGIES: Registry[type["FFEnergy"]] = Registry(
+FF_ENERGIES: Registry[type[FFEnergy]] = Registry(
     "ff", "NRGPT feed-forward energies (model option `ff`)", "docs/nrgpt.md §3")
 
 

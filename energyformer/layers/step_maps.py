@@ -25,12 +25,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from energyformer._validate import check_float, check_int
+from energyformer._validate import check_int
 from energyformer.utils.registry import Registry
 
 __all__ = ["STEP_MAPS", "StepMap", "preconditioner", "Preconditioner", "inv_softplus", "make_step_map"]
 
-STEP_MAPS: Registry[type["StepMap"]] = Registry(
+STEP_MAPS: Registry[type[StepMap]] = Registry(
     "step_map", "step maps: CEM `preconditioner` and NRGPT `eta_param`", "docs/cem.md §5")
 
 

@@ -188,7 +188,7 @@ class CausalLM(GenerationMixin, nn.Module):
             out[name] = t
         return out
 
-    def trace(self) -> "contextlib.AbstractContextManager[Trace]":
+    def trace(self) -> contextlib.AbstractContextManager[Trace]:
         """Record energies during the forward calls inside ``with model.trace() as trace:``.
 
         The forward's return value does not change; ``trace`` (:class:`~energyformer.layers.trace.Trace`)

@@ -68,7 +68,7 @@ class ModelConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
         """Build from a dict (old key spellings upgraded), raising ``ValueError`` for unknown keys."""
         d = cls.upgrade_dict(d)
         arch = d.pop("arch", cls.arch)

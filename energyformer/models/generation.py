@@ -6,7 +6,8 @@ itself (temperature, top-k/p, min-p, repetition penalty) is :mod:`energyformer.m
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 

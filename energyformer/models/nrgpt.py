@@ -119,11 +119,11 @@ class NRGPTConfig(ModelConfig):
         eta_cls = STEP_MAPS.get(self.eta_param, "eta_param")
         if self.c_init is None:
             self.c_init = eta_cls.default_scale
-        eta_cls.check_options(d_model=self.d_model, scale=self.c_init, rank=self.eta_rank, rank_name="eta_rank", scale_name="c_init",
-                              has_norm_weight=self.norm not in (None, "none"))
+        eta_cls.check_options(d_model=self.d_model, scale=self.c_init, rank=self.eta_rank, rank_name="eta_rank",
+                              scale_name="c_init", has_norm_weight=self.norm not in (None, "none"))
 
     @classmethod
-    def reference(cls, task: str = "lm", **overrides: Any) -> "NRGPTConfig":
+    def reference(cls, task: str = "lm", **overrides: Any) -> NRGPTConfig:
         """Config reproducing the released NRGPT code (docs/nrgpt.md §2–§6).
 
         ``task="lm"`` (OWT / Shakespeare runs): inclusive mask. ``task="listops"``: strict mask.

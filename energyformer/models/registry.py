@@ -46,7 +46,7 @@ def config_from_dict(d: dict[str, Any]) -> ModelConfig:
     return cfg_cls.from_dict(d)
 
 
-def build_model(spec: "ModelConfig | dict[str, Any]", **overrides: Any) -> nn.Module:
+def build_model(spec: ModelConfig | dict[str, Any], **overrides: Any) -> nn.Module:
     """Build a freshly initialized model from a model config or a dict with an ``arch`` key.
 
     The implementation behind the one public entry point, ``energyformer.build_model`` (which

@@ -12,11 +12,25 @@ conventions, for every command and the run-config overrides), ``recipe`` (YAML r
 and ``load_run``), ``checkpoint`` (saving, finding and restoring a checkpoint).
 """
 from energyformer.runs.checkpoint import find_checkpoint, load_train_state, restore_checkpoint, save_checkpoint
-from energyformer.runs.config import (DataConfig, RunConfig, TrainConfig, build_model_from_recipe, load_config,
-                                      run_config_parser, save_config)
+from energyformer.runs.config import (
+    DataConfig,
+    RunConfig,
+    TrainConfig,
+    build_model_from_recipe,
+    load_config,
+    run_config_parser,
+    save_config,
+)
 from energyformer.runs.recipe import read_recipe
-from energyformer.runs.rundir import (load_run, read_metrics, read_run_config, read_run_meta, read_summary,
-                                      write_run_files, write_summary)
+from energyformer.runs.rundir import (
+    load_run,
+    read_metrics,
+    read_run_config,
+    read_run_meta,
+    read_summary,
+    write_run_files,
+    write_summary,
+)
 from energyformer.runs.weights import load_weights, read_weights, save_weights
 
 __all__ = ["DataConfig", "RunConfig", "TrainConfig", "build_model_from_recipe", "find_checkpoint", "load_config",

@@ -32,14 +32,15 @@ import errno
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.nn as nn
 
-from energyformer.runs.rng import rng_state, set_rng_state
 from energyformer.runs.layout import CHECKPOINTS_DIR, CONFIG_FILE, MARKER_FILE, META_FILE, STATE_FILE, WEIGHTS_FILE
+from energyformer.runs.rng import rng_state, set_rng_state
 from energyformer.runs.weights import load_weights, write_weights_file
 from energyformer.utils.io import atomic_write_json, temp_path_for, usual_mode
 

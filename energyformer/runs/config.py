@@ -27,9 +27,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import yaml
 
@@ -323,8 +324,8 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any], overrides: Sequenc
     Raises:
         FileNotFoundError: the recipe file (or a base recipe) or, with ``resolve_vocab``, the
             data meta.json is missing.
-        ValueError: one line naming the key: a plugin module that fails to import, malformed YAML or override, an inheritance cycle,
-            unknown section/key (with the valid ones and a "did you mean"), a value of the wrong
+        ValueError: one line naming the key: a plugin module that fails to import, malformed YAML or override,
+            an inheritance cycle, unknown section/key (with the valid ones and a "did you mean"), a value of the wrong
             type (with the expected type) or an invalid value (from the dataclass).
         SystemExit: ``--help`` among the overrides (status 0, after printing the help).
     """
@@ -414,7 +415,8 @@ def run_config_parser(model_config_cls: type[ModelConfig], overrides: bool = Fal
 
     ``overrides`` (the parser of command-line overrides) adds ``--model.arch`` and the old names
     of renamed model keys (``model_config_cls.renamed_keys``) as options whose value is kept as
-    given (``ModelConfig.upgrade_dict`` renames them, with a ``FutureWarning``). Its help (``format_help()``) lists every key with its type and default;
+    given (``ModelConfig.upgrade_dict`` renames them, with a ``FutureWarning``). Its help (``format_help()``)
+    lists every key with its type and default;
     ``energyformer train RECIPE --help`` prints it.
     """
     parser = RunConfigParser(prog=f"run config (model.arch={model_config_cls.arch})",

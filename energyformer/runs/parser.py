@@ -26,7 +26,8 @@ import re
 import sys
 import types
 import typing
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import yaml
 from jsonargparse import ArgumentError, ArgumentParser, get_loader, set_loader

@@ -14,8 +14,9 @@ in a child of a recipe that sets ``rope: exact``). An empty section (``train:``)
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 

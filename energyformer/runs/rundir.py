@@ -24,19 +24,27 @@ import contextlib
 import json
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
+from energyformer.models.registry import LANGUAGE_MODELS
 from energyformer.runs.checkpoint import find_checkpoint, weights_path
 from energyformer.runs.config import RunConfig, load_config, save_config
-from energyformer.models.registry import LANGUAGE_MODELS
+from energyformer.runs.layout import (  # noqa: F401
+    CONFIG_FILE,
+    LOCK_FILE,
+    MARKER_FILE,
+    META_FILE,
+    METRICS_FILE,
+    STATE_FILE,
+    SUMMARY_FILE,
+    WEIGHTS_FILE,
+)
 from energyformer.runs.weights import load_weights
 from energyformer.utils.io import atomic_write_json, read_json_object
-
-from energyformer.runs.layout import (CONFIG_FILE, LOCK_FILE, MARKER_FILE, META_FILE, METRICS_FILE,  # noqa: F401
-                                      STATE_FILE, SUMMARY_FILE, WEIGHTS_FILE)
 
 
 class RunDirLockedError(ValueError):
@@ -250,9 +258,8 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu", *,
             meta.json whose vocabulary differs from the one the run trained with (named), or
             (with ``language_model=True``, the default) a run that is not a language model.
     """
-    from energyformer.models.registry import build_model
-
     from energyformer.data import identity_change, vocab_identity
+    from energyformer.models.registry import build_model
 
     run_dir = Path(run_dir)
     if run_dir.is_file():

@@ -91,6 +91,7 @@ def evaluate_regressor(model: torch.nn.Module, xy: np.ndarray, settings: dict[st
         return math.sqrt(float((p - y).pow(2).mean()))
 
     return {"context": list(range(y.shape[1])), "model": rmse_per_position(pred, y).tolist(),
-            "gp_floor": rmse_per_position(floor, y).tolist(), "prior": rmse_per_position(torch.zeros_like(y), y).tolist(),
+            "gp_floor": rmse_per_position(floor, y).tolist(),
+            "prior": rmse_per_position(torch.zeros_like(y), y).tolist(),
             "rmse_model": overall(pred), "rmse_gp_floor": overall(floor), "rmse_prior": overall(torch.zeros_like(y)),
             "n": int(y.shape[0])}

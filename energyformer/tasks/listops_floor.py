@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from energyformer.data.listops import END, FUNCTIONS, ListOpsSettings
 

@@ -36,8 +36,9 @@ import contextlib
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn as nn

@@ -160,7 +160,7 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.finish()
 
-    def __enter__(self) -> "MetricsLogger":
+    def __enter__(self) -> MetricsLogger:
         return self
 
     def __exit__(self, *exc: Any) -> None:

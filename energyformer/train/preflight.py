@@ -230,7 +230,8 @@ def resolve_resumed_train(saved: TrainConfig, new: TrainConfig, explicit: frozen
     try:
         resolved = dataclasses.replace(new, **kept)
     except ValueError as e:
-        raise ValueError(f"{e} (kept from the resumed run; give --train.{' / --train.'.join(kept)} explicitly)") from None
+        raise ValueError(f"{e} (kept from the resumed run; "
+                         f"give --train.{' / --train.'.join(kept)} explicitly)") from None
     changed = [f"train.{f.name} {getattr(saved, f.name)} → {getattr(resolved, f.name)}"
                for f in dataclasses.fields(TrainConfig)
                if f.name not in _QUIET_ON_RESUME and getattr(saved, f.name) != getattr(resolved, f.name)]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-from typing import Iterable
+from collections.abc import Iterable
 
 __all__ = ["ENTRY_POINT_GROUP", "PluginError", "load_plugins", "check_imports"]
 

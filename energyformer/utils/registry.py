@@ -23,13 +23,14 @@ import importlib
 import inspect
 import re
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
 #: every registry created so far, by option name (filled as the modules that define them are imported)
-REGISTRIES: dict[str, "Registry"] = {}
+REGISTRIES: dict[str, Registry] = {}
 
 
 class Registry(Generic[T]):
@@ -177,7 +178,7 @@ def sync_docs(root: str | Path = ".", write: bool = False) -> list[str]:
     for path in files:
         text = path.read_text(encoding="utf-8")
 
-        def fill(m: re.Match) -> str:
+        def fill(m: re.Match, path: Path = path) -> str:
             if m.group(2) not in tables:
                 raise ValueError(f"{path}: <!-- registry:{m.group(2)} --> names no registry table; "
                                  f"expected one of {', '.join(tables)}")
