@@ -18,7 +18,7 @@ form in :mod:`energyformer.energies.cem`; nothing below the registry dispatches 
 
 Adding an entry: subclass :class:`Interaction` (or :class:`MLPTie`), decorate it with
 ``@INTERACTIONS.register("name")`` and every config, recipe and CLI flag accepts ``"name"``;
-``tests/test_registries.py`` then checks it (causality, autograd identity, gradcheck w.r.t. every
+``tests/layers/test_registries.py`` then checks it (causality, autograd identity, gradcheck w.r.t. every
 parameter) automatically. A module outside the package is loaded by
 :func:`energyformer.utils.plugins.load_plugins` (``imports:`` of a run config).
 """

@@ -14,7 +14,7 @@ The entries and what each is: the ``attention`` and ``ff`` tables of docs/archit
 generated from the registries (``python -m energyformer.utils.registry``).
 
 Adding an entry: subclass :class:`NRGPTAttention` / :class:`FFEnergy` and register it;
-``tests/test_registries.py`` checks every registered entry (causality, autograd identity,
+``tests/layers/test_registries.py`` checks every registered entry (causality, autograd identity,
 gradcheck w.r.t. every parameter).
 """
 from __future__ import annotations

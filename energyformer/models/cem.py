@@ -7,7 +7,7 @@ at 0 and the preconditioner at ``P = I``, so every extension starts as plain tie
 
 With ``n_steps=1``, step size 1, ``rope="llama"``, ``interaction="lowrank"`` and no
 preconditioner the model equals a Hugging Face Llama whose weights are tied
-(``v_proj = k_proj``, ``o_proj = q_projᵀ``, ``down_proj = gate_projᵀ``); ``tests/test_llama.py``
+(``v_proj = k_proj``, ``o_proj = q_projᵀ``, ``down_proj = gate_projᵀ``); ``tests/models/test_llama.py``
 checks it.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@
     h'' = h' + W_down (SiLU(W_gate n₂(h')) ⊙ W_up n₂(h'))
 
 The layers (:class:`~energyformer.layers.baseline.LlamaBlock`) use Hugging Face's
-``LlamaForCausalLM`` parameter names so weights map one to one; ``tests/test_llama.py`` checks
+``LlamaForCausalLM`` parameter names so weights map one to one; ``tests/models/test_llama.py`` checks
 logits parity with ``transformers``. ``d_ff`` defaults to the same width rule as CEM
 (:func:`energyformer.models.config.default_d_ff`) so the two are comparable.
 """

@@ -79,7 +79,7 @@ def apply_activation_checkpointing(model: nn.Module, enabled: bool = True) -> nn
     holding layers that checkpoint their own descent steps (CEM sub-blocks: the class attribute
     ``checkpoint_steps``) gets those flags set instead. It applies in training with gradients
     only: not under ``no_grad``, in eval mode, with a cache argument or while tracing. The loss
-    and gradients are unchanged (tests/test_checkpointing.py); activation memory no longer grows
+    and gradients are unchanged (tests/train/test_activation_checkpointing.py); activation memory no longer grows
     with the number of steps, for about one extra forward of compute. ``enabled=False`` undoes
     it. Returns ``model``.
     """

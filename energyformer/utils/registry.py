@@ -15,7 +15,7 @@ recipes, checkpoints and the CLI need no change when an entry is added::
 The tables of entries in the docs are generated from the registries (:func:`markdown_tables`):
 ``python -m energyformer.utils.registry`` prints them and ``--write`` rewrites every
 ``<!-- registry:NAME -->`` … ``<!-- /registry:NAME -->`` block of ``README.md`` and ``docs/*.md``
-(``tests/test_registry_docs.py`` fails when one differs).
+(``tests/project/test_registry_docs.py`` fails when one differs).
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from energyformer import build_model
 from energyformer.runs.config import DataConfig, RunConfig, TrainConfig, load_config, save_config
 from energyformer.runs.recipe import read_recipe
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "configs").rglob("*.yaml"))
 
 

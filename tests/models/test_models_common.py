@@ -38,7 +38,7 @@ def _perturb_all_weights(model):
             p.add_(0.05 * torch.randn(p.shape, generator=g, dtype=p.dtype))
 
 
-# arch "regressor" reads continuous values, not token ids: its causality is tested in tests/test_tasks.py
+# arch "regressor" reads continuous values, not token ids: its causality is tested in tests/data/test_tasks.py
 NOT_TOKEN_MODELS = {"regressor"}
 CONFIG_ONLY = {"regressor": [dict(d_model=16, n_layers=2, n_heads=2)]}  # for the config checks below
 

@@ -13,7 +13,7 @@ from energyformer.models.registry import build_model, config_from_dict
 
 V, BLOCK = 19, 12
 TINY = dict(vocab_size=V, block_size=BLOCK, d_model=16, n_layers=2, n_heads=2, d_ff=24)
-RECIPES = Path(__file__).resolve().parents[1] / "configs" / "shakespeare_char"
+RECIPES = Path(__file__).resolve().parents[2] / "configs" / "shakespeare_char"
 
 
 def _model(seed=0, **kw):

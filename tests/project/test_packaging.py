@@ -13,7 +13,7 @@ import pytest
 
 from energyformer.utils.bundled import find_recipe, recipes_dir
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCE_FILES = ("pyproject.toml", "setup.py", "README.md")
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "energyformer"
+PACKAGE = Path(__file__).resolve().parents[2] / "energyformer"
 FLOORS = {"_validate": 0, "utils": 0, "energies": 1, "layers": 2, "models": 3, "data": 3, "tasks": 4,
           "runs": 4, "train": 5, "eval": 5, "inspect": 5, "hf": 6, "experiments": 7, "commands": 8,
           "cli": 8}

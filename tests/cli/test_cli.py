@@ -14,7 +14,7 @@ from helpers import make_data_dir
 from energyformer import __version__
 from energyformer.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

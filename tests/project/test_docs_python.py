@@ -7,7 +7,7 @@ from helpers import fenced_blocks, make_data_dir
 
 import energyformer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BLOCKS = fenced_blocks((ROOT / "docs" / "python.md").read_text(encoding="utf-8"))
 
 

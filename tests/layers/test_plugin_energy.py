@@ -1,5 +1,5 @@
 """A new interaction *energy* (new math, not a tweak of an entry) is a plugin of two files outside the
-package (tests/plugin_quadratic/: the energy file and the registry-entry file). Named in a recipe's
+package (tests/layers/plugin_quadratic/: the energy file and the registry-entry file). Named in a recipe's
 ``imports:``, it is trained, resumed, sampled, evaluated and exported through the CLI, each command in
 a fresh process that learns of the plugin only from the run's config.yaml (the exported folder's
 config.json keeps it too, for ``from_pretrained``); its analytic gradient
@@ -18,7 +18,7 @@ import yaml
 from energyformer.layers.cem_options import INTERACTIONS
 from energyformer.runs.rundir import read_summary
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = Path(__file__).resolve().parent / "plugin_quadratic"
 MODULE = "quadratic_interaction"
 

@@ -13,7 +13,7 @@ from helpers import make_data_dir
 from energyformer.cli import main, parse_command_line
 from energyformer.runs.parser import ArgParser
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass

@@ -180,7 +180,7 @@ def test_cli_prepare_hf_then_a_three_step_train(tmp_path, monkeypatch, capsys):
     assert main(["prepare", "hf", "--dataset", "corpus.jsonl", "--tokenizer", "char", "--val-fraction", "0.1",
                  "--shard-documents", "30", "--num-proc", "1"]) == 0
     assert load_meta("data/corpus")["n_documents"] == 4 * len(DOCS)
-    recipe = Path(__file__).resolve().parents[1] / "configs" / "shakespeare_char" / "gpt.yaml"
+    recipe = Path(__file__).resolve().parents[2] / "configs" / "shakespeare_char" / "gpt.yaml"
     assert main(["train", str(recipe), "--data.data_dir", "data/corpus", "--train.max_steps", "3",
                  "--train.out_dir", "out/c", "--train.device", "cpu", "--model.d_model", "32",
                  "--model.n_layers", "1", "--model.block_size", "16", "--train.batch_size", "2",

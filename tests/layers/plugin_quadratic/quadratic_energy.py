@@ -1,4 +1,4 @@
-"""A toy interaction energy that is new math (the energy file of a two-file plugin, tests/test_plugin_energy.py).
+"""A toy interaction energy that is new math (the energy file of a two-file plugin, tests/layers/test_plugin_energy.py).
 
 Per token ``i`` and head ``k``, with ``q^k_i = W^Q_k g_i`` and ``k^k_j = W^K_k ĥ_j`` (no softmax)::
 

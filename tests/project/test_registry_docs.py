@@ -10,7 +10,7 @@ import pytest
 from energyformer.layers.cem_options import INTERACTIONS, LowRankInteraction
 from energyformer.utils.registry import REGISTRIES, markdown_tables, sync_docs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_marked_block_is_the_generated_table():

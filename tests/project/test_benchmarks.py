@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture(scope="module")

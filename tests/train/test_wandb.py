@@ -10,7 +10,7 @@ from energyformer.runs import load_config
 from energyformer.train import train
 from energyformer.train.metrics import WANDB_ID_FILE, MetricsLogger
 
-RECIPE = str(Path(__file__).resolve().parents[1] / "configs" / "shakespeare_char" / "gpt.yaml")
+RECIPE = str(Path(__file__).resolve().parents[2] / "configs" / "shakespeare_char" / "gpt.yaml")
 
 
 @pytest.fixture

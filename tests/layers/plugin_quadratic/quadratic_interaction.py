@@ -1,4 +1,5 @@
-"""The registry-entry file of the two-file plugin: registers interaction="quadratic" (tests/test_plugin_energy.py)."""
+"""The registry-entry file of the two-file plugin: registers interaction="quadratic"
+(tests/layers/test_plugin_energy.py)."""
 from quadratic_energy import quadratic_energy, quadratic_grad
 
 from energyformer.layers.cem_options import INTERACTIONS, Interaction
