@@ -215,14 +215,20 @@ def attention_energy_factored_reference(g: torch.Tensor, q_weight: torch.Tensor,
     return _lse_energy(scores, alpha, beta, strict)
 
 
+def _factored_qk(g: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, alpha: torch.Tensor,
+                 strict: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checked inputs of the factored attention: per-head ``q = W^Q g``, ``k = W^K g``, ``(B, H, N, e)``."""
+    _check_strict(strict)
+    _check_shapes(g, None, alpha, q_weight.shape[0])
+    return (torch.einsum("bnd,hed->bhne", g, q_weight.to(g.dtype)),
+            torch.einsum("bnd,hed->bhne", g, k_weight.to(g.dtype)))
+
+
 def attention_grad_factored(g: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
                             alpha: torch.Tensor, beta: float, strict: bool = True,
                             dropout_p: float = 0.0) -> torch.Tensor:
     """Fast path (SDPA) for the factored force ``−Σ_h α_h W^Q_hᵀ Σ_B p^h_{AB} W^K_h g_B``: ``(B, N, d)``."""
-    _check_strict(strict)
-    _check_shapes(g, None, alpha, q_weight.shape[0])
-    q = torch.einsum("bnd,hed->bhne", g, q_weight.to(g.dtype))
-    k = torch.einsum("bnd,hed->bhne", g, k_weight.to(g.dtype))
+    q, k = _factored_qk(g, q_weight, k_weight, alpha, strict)
     return _sdpa_force(q, k, alpha, beta, strict, dropout_p, out_weight=q_weight.to(g.dtype))
 
 
@@ -230,10 +236,7 @@ def attention_grad_factored_reference(g: torch.Tensor, q_weight: torch.Tensor, k
                                       alpha: torch.Tensor, beta: float, strict: bool = True,
                                       dropout_p: float = 0.0) -> torch.Tensor:
     """Plain reference for :func:`attention_grad_factored` (as :func:`attention_grad_reference`): ``(B, N, d)``."""
-    _check_strict(strict)
-    _check_shapes(g, None, alpha, q_weight.shape[0])
-    q = torch.einsum("bnd,hed->bhne", g, q_weight.to(g.dtype))
-    k = torch.einsum("bnd,hed->bhne", g, k_weight.to(g.dtype))
+    q, k = _factored_qk(g, q_weight, k_weight, alpha, strict)
     p = _masked_softmax(beta * (q @ k.transpose(-2, -1)), strict)
     p = F.dropout(p, dropout_p) if dropout_p else p
     ctx = p @ k                                                     # (B, H, N, d_h)

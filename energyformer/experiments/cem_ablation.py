@@ -16,24 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from energyformer.experiments.common import (
-    Context,
-    char_data,
-    converged_cell,
-    convergence,
-    count_floors,
-    floors_table,
-    lr_sweep,
-    markdown_table,
-    plot_learning_curves,
-    pm,
-    record_dir,
-    resolve,
-    schedule,
-    sweep_table,
-    train_or_resume,
-    write_results,
-)
+from energyformer.experiments import common as ex
 
 #: label -> (recipe under configs/, LR family, default seeds)
 VARIANTS: dict[str, tuple[str, str, int]] = {
@@ -54,24 +37,25 @@ def slug(label: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in label).strip("_").replace("__", "_")
 
 
-def config(ctx: Context, recipe: str, lr: float, steps: int, seed: int) -> dict[str, Any]:
+def config(ctx: ex.Context, recipe: str, lr: float, steps: int, seed: int) -> dict[str, Any]:
     """The run config: the recipe with this experiment's schedule and seed."""
-    return resolve(ctx, recipe, {"train": {**schedule(ctx, steps, lr), "seed": seed}}, data=char_data(ctx))
+    return ex.resolve(ctx, recipe, {"train": {**ex.schedule(ctx, steps, lr), "seed": seed}}, data=ex.char_data(ctx))
 
 
-def trained_run(ctx: Context, label: str, seed: int):
+def trained_run(ctx: ex.Context, label: str, seed: int):
     """The run directory of row ``label``'s ``seed`` (LR from its family's sweep), trained if not recorded."""
     recipe, family, _ = VARIANTS[label]
-    sweep = lr_sweep(ctx, family, lambda lr, steps: config(ctx, SWEEP_RECIPE[family], lr, steps, 1), LRS,
+    sweep = ex.lr_sweep(ctx, family, lambda lr, steps: config(ctx, SWEEP_RECIPE[family], lr, steps, 1), LRS,
                      SWEEP_STEPS)
     name = f"{slug(label)}_s{seed}"
-    train_or_resume(ctx, name, config(ctx, recipe, sweep["best_lr"], STEPS, seed), keep_weights=label in KEEP_WEIGHTS)
-    return record_dir(ctx, name)
+    ex.train_or_resume(ctx, name, config(ctx, recipe, sweep["best_lr"], STEPS, seed),
+                       keep_weights=label in KEEP_WEIGHTS)
+    return ex.record_dir(ctx, name)
 
 
-def run(ctx: Context) -> dict[str, Any]:
+def run(ctx: ex.Context) -> dict[str, Any]:
     """Sweep the LR per family, train every variant's seeds, tabulate loss, floors and convergence."""
-    sweeps = {fam: lr_sweep(ctx, fam, lambda lr, steps, r=recipe: config(ctx, r, lr, steps, 1), LRS, SWEEP_STEPS)
+    sweeps = {fam: ex.lr_sweep(ctx, fam, lambda lr, steps, r=recipe: config(ctx, r, lr, steps, 1), LRS, SWEEP_STEPS)
               for fam, recipe in SWEEP_RECIPE.items()}
     rows, results, groups = [], {}, {}
     for label, (recipe, family, n_seeds) in VARIANTS.items():
@@ -79,23 +63,23 @@ def run(ctx: Context) -> dict[str, Any]:
         summaries, convs = [], []
         for seed in ctx.seed_list(n_seeds):
             name = f"{slug(label)}_s{seed}"
-            summaries.append(train_or_resume(ctx, name, config(ctx, recipe, lr, STEPS, seed),
+            summaries.append(ex.train_or_resume(ctx, name, config(ctx, recipe, lr, STEPS, seed),
                                              keep_weights=label in KEEP_WEIGHTS))
-            where = record_dir(ctx, name)
-            convs.append(convergence(where))
+            where = ex.record_dir(ctx, name)
+            convs.append(ex.convergence(where))
             groups.setdefault(label, []).append(where)
         finals = [s["final_val_loss"] for s in summaries if not s.get("diverged")]
         results[label] = {"recipe": recipe, "lr": lr, "final_val_loss": finals, "params": summaries[0].get("params"),
                           "convergence": convs}
-        rows.append([label, f"{lr:g}", pm(finals), f"{summaries[0].get('params', 0):,}", len(finals),
-                     converged_cell(convs)])
-    floors = count_floors(char_data(ctx), ctx)
-    table = markdown_table(["model", "LR", "val loss (nats/char)", "params", "seeds", "converged"], rows)
-    table += "\n\n" + floors_table(floors, "val loss (nats/char)")
-    plot_learning_curves(ctx, groups, "loss_curves.png", floors=floors, ylabel="val loss (nats/char)")
+        rows.append([label, f"{lr:g}", ex.pm(finals), f"{summaries[0].get('params', 0):,}", len(finals),
+                     ex.converged_cell(convs)])
+    floors = ex.count_floors(ex.char_data(ctx), ctx)
+    table = ex.markdown_table(["model", "LR", "val loss (nats/char)", "params", "seeds", "converged"], rows)
+    table += "\n\n" + ex.floors_table(floors, "val loss (nats/char)")
+    ex.plot_learning_curves(ctx, groups, "loss_curves.png", floors=floors, ylabel="val loss (nats/char)")
     header = ("CEM ablations on Shakespeare-char (d_model 128, 4 layers, 4,000 steps × 32 × 128 tokens), "
               "final validation loss (after the cooldown), mean ± std over seeds. Converged: the fitted val loss "
               "fell < 1% over the last 30% of the pre-cooldown steps (slope in nats per 1k steps).")
-    return write_results(ctx, table, {"rows": results, "floors": floors, "lr_sweeps": list(sweeps.values())},
-                         header, "LR sweeps (seed 1, final val loss):\n\n" + sweep_table(list(sweeps.values())))
+    return ex.write_results(ctx, table, {"rows": results, "floors": floors, "lr_sweeps": list(sweeps.values())},
+                         header, "LR sweeps (seed 1, final val loss):\n\n" + ex.sweep_table(list(sweeps.values())))
 

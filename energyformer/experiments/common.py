@@ -176,12 +176,10 @@ def _comparable(d: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if k not in RUNTIME_KEYS}
 
 
-def same_config(run_dir: Path, cfg: Mapping[str, Any]) -> bool:
-    """Whether ``run_dir`` holds a finished run (``summary.json`` or a divergence record) of the
-    config ``cfg``: the same model, data and training options, run-time options aside."""
-    if not (run_dir / CONFIG_FILE).is_file():
-        return False
-    if not ((run_dir / SUMMARY_FILE).is_file() or (run_dir / DIVERGED_FILE).is_file()):
+def _same_run(run_dir: Path, cfg: Mapping[str, Any], *done_files: str) -> bool:
+    """Whether ``run_dir`` has ``config.yaml``, one of ``done_files`` and a config equal to ``cfg``
+    in model, data and training options (run-time options aside)."""
+    if not (run_dir / CONFIG_FILE).is_file() or not any((run_dir / f).is_file() for f in done_files):
         return False
     try:
         saved_cfg = read_run_config(run_dir)
@@ -191,6 +189,12 @@ def same_config(run_dir: Path, cfg: Mapping[str, Any]) -> bool:
     saved, want = saved_cfg.to_dict(), want_cfg.to_dict()
     return (saved["model"] == want["model"] and _comparable(saved["train"]) == _comparable(want["train"])
             and Path(saved_cfg.data.path) == Path(want_cfg.data.path))
+
+
+def same_config(run_dir: Path, cfg: Mapping[str, Any]) -> bool:
+    """Whether ``run_dir`` holds a finished run (``summary.json`` or a divergence record) of the
+    config ``cfg``: the same model, data and training options, run-time options aside."""
+    return _same_run(run_dir, cfg, SUMMARY_FILE, DIVERGED_FILE)
 
 
 # --------------------------------------------------------------------------------------------
@@ -302,14 +306,7 @@ def _restore_partial(ctx: Context, run: str, cfg: Mapping[str, Any]) -> None:
 
 def same_config_unfinished(run_dir: Path, cfg: Mapping[str, Any]) -> bool:
     """Whether ``run_dir`` holds a checkpoint (finished or not) of the config ``cfg``."""
-    if not (run_dir / CONFIG_FILE).is_file() or not (run_dir / MARKER_FILE).is_file():
-        return False
-    try:
-        saved = read_run_config(run_dir)
-    except (ValueError, FileNotFoundError):
-        return False
-    want = load_config(dict(cfg), resolve_vocab=True)
-    return saved.model == want.model and _comparable(saved.to_dict()["train"]) == _comparable(want.to_dict()["train"])
+    return _same_run(run_dir, cfg, MARKER_FILE)
 
 
 def _set_aside_stale(ctx: Context, out: Path, cfg: Mapping[str, Any]) -> None:

@@ -19,27 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from energyformer.experiments.common import (
-    Context,
-    char_data,
-    converged_cell,
-    convergence,
-    count_floors,
-    finish_axes,
-    floors_table,
-    lr_sweep,
-    markdown_table,
-    plot_learning_curves,
-    pm,
-    pyplot,
-    record_dir,
-    resolve,
-    save_figure,
-    schedule,
-    sweep_table,
-    train_or_resume,
-    write_results,
-)
+from energyformer.experiments import common as ex
 
 RECIPE = "shakespeare_char/nrgpt.yaml"
 ARMS = {"η = c·diag(γ)": "c_diag_gamma", "free η (full)": "full"}
@@ -49,18 +29,18 @@ TRACE_STEPS = (4, 8, 16)
 DEFAULT_SEEDS = 2
 
 
-def config(ctx: Context, eta: str, lr: float, steps: int, seed: int) -> dict[str, Any]:
+def config(ctx: ex.Context, eta: str, lr: float, steps: int, seed: int) -> dict[str, Any]:
     """The run config of one η arm: the recipe + this experiment's shape, schedule and seed."""
-    return resolve(ctx, RECIPE, {"model": {**SHAPE, "eta_param": eta}},
-                   {"train": {**schedule(ctx, steps, lr), "seed": seed}}, data=char_data(ctx))
+    return ex.resolve(ctx, RECIPE, {"model": {**SHAPE, "eta_param": eta}},
+                   {"train": {**ex.schedule(ctx, steps, lr), "seed": seed}}, data=ex.char_data(ctx))
 
 
-def trained_run(ctx: Context, eta: str, seed: int):
+def trained_run(ctx: ex.Context, eta: str, seed: int):
     """The run directory of the ``eta`` arm's ``seed`` (LR from its sweep), trained if not recorded."""
-    sweep = lr_sweep(ctx, f"nrgpt_{eta}", lambda lr, steps: config(ctx, eta, lr, steps, 1), LRS, SWEEP_STEPS)
+    sweep = ex.lr_sweep(ctx, f"nrgpt_{eta}", lambda lr, steps: config(ctx, eta, lr, steps, 1), LRS, SWEEP_STEPS)
     name = f"nrgpt_{eta}_s{seed}"
-    train_or_resume(ctx, name, config(ctx, eta, sweep["best_lr"], STEPS, seed), keep_weights=True)
-    return record_dir(ctx, name)
+    ex.train_or_resume(ctx, name, config(ctx, eta, sweep["best_lr"], STEPS, seed), keep_weights=True)
+    return ex.record_dir(ctx, name)
 
 
 def monotone_fraction(energy: torch.Tensor, tol: float = 1e-6) -> list[float]:
@@ -98,33 +78,33 @@ def _trace_run(run_dir) -> tuple[dict[int, Any], np.ndarray]:
     return entry, e[:, 0, : min(16, N)].numpy()
 
 
-def run(ctx: Context) -> dict[str, Any]:
+def run(ctx: ex.Context) -> dict[str, Any]:
     """Sweep the LR per η arm, train the seeds, trace validation text, tabulate monotone fractions."""
     sweeps, results, curves, groups = [], {}, {}, {}
     for label, eta in ARMS.items():
-        sweep = lr_sweep(ctx, f"nrgpt_{eta}", lambda lr, steps, eta=eta: config(ctx, eta, lr, steps, 1),
+        sweep = ex.lr_sweep(ctx, f"nrgpt_{eta}", lambda lr, steps, eta=eta: config(ctx, eta, lr, steps, 1),
                          LRS, SWEEP_STEPS)
         sweeps.append(sweep)
         per_seed = []
         for seed in ctx.seed_list(DEFAULT_SEEDS):
             name = f"nrgpt_{eta}_s{seed}"
-            summary = train_or_resume(ctx, name, config(ctx, eta, sweep["best_lr"], STEPS, seed), keep_weights=True)
-            where = record_dir(ctx, name)
+            summary = ex.train_or_resume(ctx, name, config(ctx, eta, sweep["best_lr"], STEPS, seed), keep_weights=True)
+            where = ex.record_dir(ctx, name)
             groups.setdefault(label, []).append(where)
             entry, curve = _trace_run(where)
             curves.setdefault(label, curve)
             per_seed.append({"trace": entry, "best_val_loss": summary["best_val_loss"],
-                             "final_val_loss": summary["final_val_loss"], "convergence": convergence(where)})
+                             "final_val_loss": summary["final_val_loss"], "convergence": ex.convergence(where)})
         results[label] = {"lr": sweep["best_lr"], "seeds": per_seed}
-    floors = count_floors(char_data(ctx), ctx)
-    table = _table(results) + "\n\n" + floors_table(floors, "val loss (nats/char)")
+    floors = ex.count_floors(ex.char_data(ctx), ctx)
+    table = _table(results) + "\n\n" + ex.floors_table(floors, "val loss (nats/char)")
     _plots(ctx, results, curves, groups, floors)
     header = (f"Energy descent of NRGPT per token (total energy E_AT + s_ff E_FF), {len(ctx.seed_list(DEFAULT_SEEDS))} "
               "seed(s), trained with 4 steps: fraction of tokens whose energy never rises after step s. "
               "Converged: the fitted val loss fell < 1% over the last 30% of the pre-cooldown steps "
               "(slope in nats/char per 1k steps).")
-    return write_results(ctx, table, {"rows": _jsonable(results), "lr_sweeps": sweeps, "floors": floors},
-                         header, "LR sweeps (seed 1, final val loss):\n\n" + sweep_table(sweeps))
+    return ex.write_results(ctx, table, {"rows": _jsonable(results), "lr_sweeps": sweeps, "floors": floors},
+                         header, "LR sweeps (seed 1, final val loss):\n\n" + ex.sweep_table(sweeps))
 
 
 def _table(results: dict[str, Any]) -> str:
@@ -133,31 +113,31 @@ def _table(results: dict[str, Any]) -> str:
         seeds = r["seeds"]
         for steps in TRACE_STEPS:
             fr = [[s["trace"][steps]["monotone_from"][k] for s in seeds] for k in range(steps)]
-            rows.append([label, f"{r['lr']:g}", pm([s["final_val_loss"] for s in seeds]),
-                         converged_cell([s["convergence"] for s in seeds]), steps]
-                        + [pm(f, 3) for f in (fr[0], fr[1], fr[steps // 2], fr[-1])])
-    return markdown_table(["η", "LR", "val loss", "converged", "steps at inference", "monotone from step 0",
+            rows.append([label, f"{r['lr']:g}", ex.pm([s["final_val_loss"] for s in seeds]),
+                         ex.converged_cell([s["convergence"] for s in seeds]), steps]
+                        + [ex.pm(f, 3) for f in (fr[0], fr[1], fr[steps // 2], fr[-1])])
+    return ex.markdown_table(["η", "LR", "val loss", "converged", "steps at inference", "monotone from step 0",
                            "from 1", "from S/2", "last step"], rows)
 
 
-def _plots(ctx: Context, results: dict[str, Any], curves: dict[str, np.ndarray], groups, floors) -> None:
-    plt = pyplot()
+def _plots(ctx: ex.Context, results: dict[str, Any], curves: dict[str, np.ndarray], groups, floors) -> None:
+    plt = ex.pyplot()
     fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 4), squeeze=False)
     for ax, (label, e) in zip(axes.flat, curves.items()):
         for j in range(e.shape[1]):
             ax.plot(range(e.shape[0]), e[:, j], alpha=0.7, linewidth=1)
         ax.axvline(4, color="gray", linestyle=":")
         ax.set_title(f"{label}: total energy per token ({TRACE_STEPS[-1]} steps; trained 4)", fontsize=9)
-        finish_axes(ax, "step", "energy")
-    save_figure(ctx, fig, "energy_per_token.png")
+        ex.finish_axes(ax, "step", "energy")
+    ex.save_figure(ctx, fig, "energy_per_token.png")
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, r in results.items():
         m = np.mean([s["trace"][TRACE_STEPS[-1]]["monotone_from"] for s in r["seeds"]], axis=0)
         ax.plot(range(len(m)), m, "o-", label=label)
     ax.set_ylim(-0.02, 1.02)
-    finish_axes(ax, f"s (monotone from step s on, {TRACE_STEPS[-1]} steps)", "fraction of tokens")
-    save_figure(ctx, fig, "monotone_fraction.png")
-    plot_learning_curves(ctx, groups, floors=floors, ylabel="val loss (nats/char)")
+    ex.finish_axes(ax, f"s (monotone from step s on, {TRACE_STEPS[-1]} steps)", "fraction of tokens")
+    ex.save_figure(ctx, fig, "monotone_fraction.png")
+    ex.plot_learning_curves(ctx, groups, floors=floors, ylabel="val loss (nats/char)")
 
 
 def _jsonable(results: dict[str, Any]) -> dict[str, Any]:

@@ -21,26 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from energyformer.experiments.common import (
-    Context,
-    converged_cell,
-    convergence,
-    finish_axes,
-    lr_sweep,
-    markdown_table,
-    mean_std,
-    plot_learning_curves,
-    pm,
-    pyplot,
-    record_dir,
-    resolve,
-    save_figure,
-    schedule,
-    sweep_table,
-    train_or_resume,
-    val_curve,
-    write_results,
-)
+from energyformer.experiments import common as ex
 
 #: label -> (recipe, LR family, model overrides, default seeds)
 ARMS: dict[str, tuple[str, str, dict[str, Any], int]] = {
@@ -56,7 +37,7 @@ SWEEP_RECIPE = {"cem": "gp/cem_t1.yaml", "llama": "gp/llama.yaml"}
 STEPS, SWEEP_STEPS, LRS = 5000, 1250, (3e-4, 1e-3, 3e-3)
 
 
-def data_section(ctx: Context) -> dict[str, Any] | None:
+def data_section(ctx: ex.Context) -> dict[str, Any] | None:
     """The prepared GP data (quick: tiny settings prepared into the work directory)."""
     if not ctx.quick:
         return None
@@ -67,22 +48,22 @@ def data_section(ctx: Context) -> dict[str, Any] | None:
     return {"dataset": out.name, "root": str(out.parent)}
 
 
-def config(ctx: Context, recipe: str, model: dict[str, Any], lr: float, steps: int, seed: int) -> dict[str, Any]:
+def config(ctx: ex.Context, recipe: str, model: dict[str, Any], lr: float, steps: int, seed: int) -> dict[str, Any]:
     quick_block = {"block_size": 16} if ctx.quick else {}
-    return resolve(ctx, recipe, {"model": model}, {"train": {**schedule(ctx, steps, lr), "seed": seed}},
+    return ex.resolve(ctx, recipe, {"model": model}, {"train": {**ex.schedule(ctx, steps, lr), "seed": seed}},
                    {"model": quick_block}, data=data_section(ctx))
 
 
 def escape_step(run_dir) -> int | None:
     """The first evaluation step whose val loss is below the midpoint of the first and the last."""
-    steps, vals = val_curve(run_dir)
+    steps, vals = ex.val_curve(run_dir)
     if len(vals) < 2:
         return None
     mid = (vals[0] + vals[-1]) / 2
     return next((s for s, v in zip(steps, vals) if v < mid), None)
 
 
-def run(ctx: Context) -> dict[str, Any]:
+def run(ctx: ex.Context) -> dict[str, Any]:
     """Sweep the LR per family, train every arm's seeds, score RMSE per context length on the test split."""
     from energyformer.data.gp import load_gp_split
     from energyformer.data.meta import load_meta
@@ -93,7 +74,7 @@ def run(ctx: Context) -> dict[str, Any]:
     data_dir = f"{data['root']}/{data['dataset']}" if data else f"{ctx.data_root}/gp"
     settings = load_meta(data_dir)["settings"]
     test = load_gp_split(data_dir, "test")
-    sweeps = {fam: lr_sweep(ctx, f"gp_{fam}", lambda lr, steps, r=recipe: config(ctx, r, {}, lr, steps, 1), LRS,
+    sweeps = {fam: ex.lr_sweep(ctx, f"gp_{fam}", lambda lr, steps, r=recipe: config(ctx, r, {}, lr, steps, 1), LRS,
                             SWEEP_STEPS) for fam, recipe in SWEEP_RECIPE.items()}
     results: dict[str, Any] = {}
     groups: dict[str, list] = {}
@@ -103,13 +84,13 @@ def run(ctx: Context) -> dict[str, Any]:
         for seed in ctx.seed_list(n_seeds):
             name = f"{label.replace(' ', '_').replace('=', '').replace(',', '').replace('η', 'eta')}_s{seed}"
             cfg = config(ctx, recipe, model, sweeps[family]["best_lr"], STEPS, seed)
-            summary = train_or_resume(ctx, name, cfg, keep_weights=True)
-            where = record_dir(ctx, name)
+            summary = ex.train_or_resume(ctx, name, cfg, keep_weights=True)
+            where = ex.record_dir(ctx, name)
             groups.setdefault(label, []).append(where)
             net, _, _ = load_run(where, language_model=False)
             ev = evaluate_regressor(net, test, settings)
             floor = ev
-            per_seed.append({**ev, "params": summary["params"], "convergence": convergence(where),
+            per_seed.append({**ev, "params": summary["params"], "convergence": ex.convergence(where),
                              "escape_step": escape_step(where)})
         results[label] = {"lr": sweeps[family]["best_lr"], "seeds": per_seed}
     table = _table(results, floor)
@@ -118,8 +99,8 @@ def run(ctx: Context) -> dict[str, Any]:
               f"noise {settings['noise']}), RMSE on {floor['n']} test sequences, mean ± std over seeds "
               "(η-per-step rows: 1 seed). Escape: first evaluation below the midpoint of the first and final val "
               "loss. Converged: the fitted val loss fell < 1% over the last 30% of the pre-cooldown steps.")
-    return write_results(ctx, table, {"settings": settings, "rows": results, "lr_sweeps": list(sweeps.values())},
-                         header, "LR sweeps (seed 1, final val MSE):\n\n" + sweep_table(list(sweeps.values())))
+    return ex.write_results(ctx, table, {"settings": settings, "rows": results, "lr_sweeps": list(sweeps.values())},
+                         header, "LR sweeps (seed 1, final val MSE):\n\n" + ex.sweep_table(list(sweeps.values())))
 
 
 def _table(results: dict[str, Any], floor: dict[str, Any]) -> str:
@@ -131,28 +112,28 @@ def _table(results: dict[str, Any], floor: dict[str, Any]) -> str:
     for label, r in results.items():
         seeds = r["seeds"]
         esc = [s["escape_step"] for s in seeds if s["escape_step"] is not None]
-        rows.append([label, f"{r['lr']:g}", f"{seeds[0]['params']:,}", len(seeds), pm(esc, 0),
-                     converged_cell([s["convergence"] for s in seeds]), pm([s["rmse_model"] for s in seeds])]
-                    + [pm([s["model"][c] for s in seeds]) for c in picks])
+        rows.append([label, f"{r['lr']:g}", f"{seeds[0]['params']:,}", len(seeds), ex.pm(esc, 0),
+                     ex.converged_cell([s["convergence"] for s in seeds]), ex.pm([s["rmse_model"] for s in seeds])]
+                    + [ex.pm([s["model"][c] for s in seeds]) for c in picks])
     blank = ["–"] * 5
     rows.append(["GP posterior mean (Bayes floor)"] + blank + [f"{floor['rmse_gp_floor']:.4f}"]
                 + [f"{floor['gp_floor'][c]:.4f}" for c in picks])
     rows.append(["prior mean (0)"] + blank + [f"{floor['rmse_prior']:.4f}"]
                 + [f"{floor['prior'][c]:.4f}" for c in picks])
-    return markdown_table(head, rows)
+    return ex.markdown_table(head, rows)
 
 
-def _plots(ctx: Context, results: dict[str, Any], floor: dict[str, Any], groups) -> None:
-    plt = pyplot()
+def _plots(ctx: ex.Context, results: dict[str, Any], floor: dict[str, Any], groups) -> None:
+    plt = ex.pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     n = len(floor["context"])
     ctxs = np.arange(n)
     for label, r in results.items():
-        m = np.array([mean_std([s["model"][c] for s in r["seeds"]])[0] for c in range(n)])
+        m = np.array([ex.mean_std([s["model"][c] for s in r["seeds"]])[0] for c in range(n)])
         ax.plot(ctxs, m, label=label)
     ax.plot(ctxs, floor["gp_floor"], "k--", label="GP posterior mean (floor)")
     ax.plot(ctxs, floor["prior"], "k:", label="prior mean")
-    finish_axes(ax, "context length (pairs before the query)", "RMSE")
-    save_figure(ctx, fig, "rmse_vs_context.png")
-    plot_learning_curves(ctx, groups, "curves.png",
+    ex.finish_axes(ax, "context length (pairs before the query)", "RMSE")
+    ex.save_figure(ctx, fig, "rmse_vs_context.png")
+    ex.plot_learning_curves(ctx, groups, "curves.png",
                          floors={"GP posterior mean (MSE floor)": floor["rmse_gp_floor"] ** 2}, ylabel="val MSE")

@@ -24,17 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from energyformer.experiments.common import (
-    Context,
-    converged_cell,
-    convergence,
-    markdown_table,
-    plot_learning_curves,
-    record_dir,
-    resolve,
-    train_or_resume,
-    write_results,
-)
+from energyformer.experiments import common as ex
 
 MODELS: dict[str, str] = {
     "GPT_Rec_parallel": "listops/gpt_rec_parallel.yaml",
@@ -46,7 +36,7 @@ WIDTHS = (16, 24, 32, 40, 50)
 N_TEST = 300
 
 
-def data_section(ctx: Context) -> dict[str, Any] | None:
+def data_section(ctx: ex.Context) -> dict[str, Any] | None:
     if not ctx.quick:
         return None
     from energyformer.data.task_data import prepare_task_data
@@ -56,13 +46,13 @@ def data_section(ctx: Context) -> dict[str, Any] | None:
     return {"dataset": out.name, "root": str(out.parent)}
 
 
-def config(ctx: Context, recipe: str, width: int, seed: int) -> dict[str, Any]:
+def config(ctx: ex.Context, recipe: str, width: int, seed: int) -> dict[str, Any]:
     """The recipe at ``width`` with the pilot's LR, budget and the reference's decay horizon."""
     steps = PILOT_STEPS
     train = {"max_steps": steps, "learning_rate": PILOT_LR, "lr_decay_steps": DECAY_HORIZON,
              "eval_interval": steps // 50, "log_interval": 50, "seed": seed}
     quick = {"model": {"block_size": 64}, "train": {"lr_decay_steps": 200}} if ctx.quick else {}
-    return resolve(ctx, recipe, {"model": {"d_model": width}, "train": train}, quick, data=data_section(ctx),
+    return ex.resolve(ctx, recipe, {"model": {"d_model": width}, "train": train}, quick, data=data_section(ctx),
                    swept=("d_model", "block_size"))
 
 
@@ -72,24 +62,24 @@ def transition(points: list[tuple[int, float]], level: float = 0.8) -> int | Non
     return hits[0] if hits else None
 
 
-def _score(ctx: Context, name: str, problems, data_dir: str) -> dict[str, Any]:
+def _score(ctx: ex.Context, name: str, problems, data_dir: str) -> dict[str, Any]:
     from energyformer.data import load_tokenizer
     from energyformer.data.meta import load_meta
     from energyformer.runs.rundir import load_run
     from energyformer.tasks.listops import listops_report
 
-    where = record_dir(ctx, name)
+    where = ex.record_dir(ctx, name)
     net, _, meta = load_run(where)
     ev = listops_report(net, load_tokenizer(meta), problems, settings=load_meta(data_dir)["settings"],
                         single_function=10 if ctx.quick else 100)
     keep = ("accuracy", "stderr", "per_function", "end_token_rate", "answer_loss", "chance", "floor", "single_function")
-    return {**{k: ev[k] for k in keep}, "convergence": convergence(where), "dir": where}
+    return {**{k: ev[k] for k in keep}, "convergence": ex.convergence(where), "dir": where}
 
 
 def _row(label: str, width: int, params: int, ev: dict[str, Any], final: float) -> list[Any]:
     single = " / ".join(f"{f} {r['accuracy']:.2f}" for f, r in sorted(ev["single_function"].items()))
     return [label, width, f"{params:,}", f"{ev['accuracy']:.3f} ± {ev['stderr']:.3f}", f"{ev['end_token_rate']:.3f}",
-            f"{ev['answer_loss']['loss']:.4f}", f"{final:.4f}", converged_cell([ev["convergence"]]), single]
+            f"{ev['answer_loss']['loss']:.4f}", f"{final:.4f}", ex.converged_cell([ev["convergence"]]), single]
 
 
 HEAD = ["model", "d_model", "params", "accuracy ± s.e.", "end-token rate", "loss after first =", "val loss",
@@ -104,10 +94,10 @@ def _floors_table(ev: dict[str, Any]) -> str:
             ["generator entropy floor, all tokens (nats/token)", f"{floor['all_tokens']:.4f}"],
             ["generator entropy floor, expression tokens (nats/token)", f"{floor['problem_tokens']:.4f}"],
             ["generator entropy floor, tokens after the first = (nats/token)", f"{floor['after_first_eq']:.4f}"]]
-    return markdown_table(["floor on the same problems", "value"], rows)
+    return ex.markdown_table(["floor on the same problems", "value"], rows)
 
 
-def run(ctx: Context) -> dict[str, Any]:
+def run(ctx: ex.Context) -> dict[str, Any]:
     """The pilot, then (if it reaches 80%) the width sweep of the three models."""
     from energyformer.data.listops import read_test
 
@@ -116,7 +106,7 @@ def run(ctx: Context) -> dict[str, Any]:
     problems = read_test(data_dir)[: 20 if ctx.quick else N_TEST]
     width = 8 if ctx.quick else PILOT_WIDTH
     pilot_name = f"pilot_GPT_Rec_parallel_d{width}_s1"
-    summary = train_or_resume(ctx, pilot_name, config(ctx, MODELS["GPT_Rec_parallel"], width, 1), keep_weights=True)
+    summary = ex.train_or_resume(ctx, pilot_name, config(ctx, MODELS["GPT_Rec_parallel"], width, 1), keep_weights=True)
     pilot = {**_score(ctx, pilot_name, problems, data_dir), "params": summary["params"],
              "final_val_loss": summary["final_val_loss"]}
     rows = [_row("GPT_Rec_parallel (pilot)", width, pilot["params"], pilot, pilot["final_val_loss"])]
@@ -126,26 +116,26 @@ def run(ctx: Context) -> dict[str, Any]:
         for label, recipe in MODELS.items():
             for w in ((8, 16) if ctx.quick else WIDTHS):
                 name = f"{label.replace(' ', '_')}_d{w}_s1"
-                s = train_or_resume(ctx, name, config(ctx, recipe, w, 1), keep_weights=True)
+                s = ex.train_or_resume(ctx, name, config(ctx, recipe, w, 1), keep_weights=True)
                 ev = _score(ctx, name, problems, data_dir)
                 groups.setdefault(label, []).append(ev.pop("dir"))
                 sweep.setdefault(label, []).append({"width": w, "params": s["params"], **ev,
                                                     "final_val_loss": s["final_val_loss"]})
                 rows.append(_row(label, w, s["params"], ev, s["final_val_loss"]))
-    table = markdown_table(HEAD, rows) + "\n\n" + _floors_table(pilot)
+    table = ex.markdown_table(HEAD, rows) + "\n\n" + _floors_table(pilot)
     if sweep:
         trans = {m: transition([(r["params"], r["accuracy"]) for r in rs]) for m, rs in sweep.items()}
-        table += "\n\n" + markdown_table(["model", "≥80% transition (params)"],
+        table += "\n\n" + ex.markdown_table(["model", "≥80% transition (params)"],
                                          [[m, "not reached" if t is None else f"{t:,}"] for m, t in trans.items()])
         verdict = "The pilot reached 80%; the width stage ran at the pilot's budget."
     else:
         verdict = (f"The pilot reached {pilot['accuracy']:.1%} < 80% at {PILOT_STEPS:,} steps: the width sweep is left "
                    "to the GPU profile (`energyformer experiment listops_transition --profile paper`).")
-    plot_learning_curves(ctx, groups, "curves.png", ylabel="val loss (nats/token)")
+    ex.plot_learning_curves(ctx, groups, "curves.png", ylabel="val loss (nats/token)")
     header = (f"ListOps held-out accuracy (greedy final answer, {len(problems)} test problems, "
               "± standard error, 1 seed), "
               f"{PILOT_STEPS:,} steps with the reference's {DECAY_HORIZON:,}-iteration decay horizon.")
-    return write_results(ctx, table, {"pilot": pilot, "widths": sweep}, header, verdict)
+    return ex.write_results(ctx, table, {"pilot": pilot, "widths": sweep}, header, verdict)
 
 
 __all__ = ["run", "transition"]

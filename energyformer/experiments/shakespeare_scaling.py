@@ -17,27 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from energyformer.experiments.common import (
-    Context,
-    char_data,
-    converged_cell,
-    convergence,
-    count_floors,
-    finish_axes,
-    floors_table,
-    lr_sweep,
-    markdown_table,
-    plot_learning_curves,
-    pm,
-    pyplot,
-    record_dir,
-    resolve,
-    save_figure,
-    schedule,
-    sweep_table,
-    train_or_resume,
-    write_results,
-)
+from energyformer.experiments import common as ex
 
 WIDTHS = (64, 128, 256)
 MODELS: dict[str, str] = {
@@ -50,9 +30,9 @@ STEPS, SWEEP_STEPS, LRS, SWEEP_WIDTH = 5500, 1375, (3e-4, 1e-3, 3e-3), 128
 DEFAULT_SEEDS = 1
 
 
-def data_section(ctx: Context) -> dict[str, Any]:
+def data_section(ctx: ex.Context) -> dict[str, Any]:
     """The slice (prepared on first use), or the quick corpus."""
-    quick = char_data(ctx)
+    quick = ex.char_data(ctx)
     if quick is not None:
         return quick
     from energyformer.data.prepare import prepare_dataset
@@ -62,50 +42,50 @@ def data_section(ctx: Context) -> dict[str, Any]:
     return {"dataset": out.name, "root": str(root)}
 
 
-def config(ctx: Context, recipe: str, width: int, lr: float, steps: int, seed: int,
+def config(ctx: ex.Context, recipe: str, width: int, lr: float, steps: int, seed: int,
            data: dict[str, Any]) -> dict[str, Any]:
     model = {"d_model": width, "n_heads": 4, "dropout": 0.1}
-    return resolve(ctx, recipe, {"model": model}, {"train": {**schedule(ctx, steps, lr), "seed": seed}}, data=data,
-                   swept=("d_model",))
+    train = {**ex.schedule(ctx, steps, lr), "seed": seed}
+    return ex.resolve(ctx, recipe, {"model": model}, {"train": train}, data=data, swept=("d_model",))
 
 
-def run(ctx: Context) -> dict[str, Any]:
+def run(ctx: ex.Context) -> dict[str, Any]:
     """Sweep the LR per family at d 128, then every model × width; tabulate losses and the gap."""
     data = data_section(ctx)
     widths = (8, 16, 24) if ctx.quick else WIDTHS
     sweep_width = 16 if ctx.quick else SWEEP_WIDTH
     sweeps, results, rows, groups = [], {}, [], {}
     for label, recipe in MODELS.items():
-        sweep = lr_sweep(ctx, label.replace(" ", "_"),
+        sweep = ex.lr_sweep(ctx, label.replace(" ", "_"),
                          lambda lr, steps, r=recipe: config(ctx, r, sweep_width, lr, steps, 1, data), LRS, SWEEP_STEPS)
         sweeps.append(sweep)
         for width in widths:
             got = []
             for seed in ctx.seed_list(DEFAULT_SEEDS):
                 name = f"{label.replace(' ', '_')}_d{width}_s{seed}"
-                s = train_or_resume(ctx, name, config(ctx, recipe, width, sweep["best_lr"], STEPS, seed, data))
-                where = record_dir(ctx, name)
+                s = ex.train_or_resume(ctx, name, config(ctx, recipe, width, sweep["best_lr"], STEPS, seed, data))
+                where = ex.record_dir(ctx, name)
                 groups.setdefault(f"{label} d{width}", []).append(where)
                 got.append({"width": width, "seed": seed, "params": s["params"], "best_val_loss": s["best_val_loss"],
                             "final_val_loss": s["final_val_loss"], "gap": s["final_val_loss"] - s["final_train_loss"],
-                            "convergence": convergence(where)})
+                            "convergence": ex.convergence(where)})
             results.setdefault(label, []).extend(got)
             rows.append([label, width, f"{got[0]['params']:,}", f"{sweep['best_lr']:g}",
-                         pm([g["best_val_loss"] for g in got]), pm([g["final_val_loss"] for g in got]),
-                         pm([g["gap"] for g in got]), converged_cell([g["convergence"] for g in got])])
-    table = markdown_table(["model", "d_model", "params", "LR", "best val loss", "final val loss",
+                         ex.pm([g["best_val_loss"] for g in got]), ex.pm([g["final_val_loss"] for g in got]),
+                         ex.pm([g["gap"] for g in got]), ex.converged_cell([g["convergence"] for g in got])])
+    table = ex.markdown_table(["model", "d_model", "params", "LR", "best val loss", "final val loss",
                             "val − train (final)", "converged"], rows)
-    floors = count_floors(data, ctx)
-    table += "\n\n" + floors_table(floors, "val loss (nats/char)")
+    floors = ex.count_floors(data, ctx)
+    table += "\n\n" + ex.floors_table(floors, "val loss (nats/char)")
     _plots(ctx, results, groups, floors)
     header = (f"Overfitting on a {SLICE_BYTES / 1e6:.1f} MB Shakespeare-char slice (dropout 0.1, ≈ 50 epochs); losses "
               "in nats per character. A positive val − train gap that grows with width is overfitting.")
-    return write_results(ctx, table, {"rows": results, "lr_sweeps": sweeps, "floors": floors}, header,
-                         "LR sweeps (d_model 128, seed 1, final val loss):\n\n" + sweep_table(sweeps))
+    return ex.write_results(ctx, table, {"rows": results, "lr_sweeps": sweeps, "floors": floors}, header,
+                         "LR sweeps (d_model 128, seed 1, final val loss):\n\n" + ex.sweep_table(sweeps))
 
 
-def _plots(ctx: Context, results: dict[str, Any], groups, floors) -> None:
-    plt = pyplot()
+def _plots(ctx: ex.Context, results: dict[str, Any], groups, floors) -> None:
+    plt = ex.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for label, rs in results.items():
         ps = sorted({r["params"] for r in rs})
@@ -114,6 +94,6 @@ def _plots(ctx: Context, results: dict[str, Any], groups, floors) -> None:
             ax.plot(ps, [sum(v) / len(v) for v in vals], "o-", label=label)
     for ax, title in zip(axes, ("best val loss (nats/char)", "final val − train loss")):
         ax.set_title(title, fontsize=10)
-        finish_axes(ax, "parameters", logx=True)
-    save_figure(ctx, fig, "scaling.png")
-    plot_learning_curves(ctx, groups, "curves.png", floors=floors, ylabel="val loss (nats/char)")
+        ex.finish_axes(ax, "parameters", logx=True)
+    ex.save_figure(ctx, fig, "scaling.png")
+    ex.plot_learning_curves(ctx, groups, "curves.png", floors=floors, ylabel="val loss (nats/char)")
