@@ -9,8 +9,14 @@ linear cooldown (``lr_schedule: wsd``), 50 evaluations. The LR of each η arm is
 sweep over {3e-4, 1e-3, 3e-3} at 1,250 steps (seed 1). Traced on 8 validation sequences of 128
 characters.
 
-Budget (idle 2-core CPU, ≈ 20k tokens/s): 6 sweep runs of 1,250 steps and 2 arms × 2 seeds of
-5,000 steps ≈ 1.5 hours. ``--quick``: the docstring corpus, d_model 16, 20 steps, seconds.
+LR sensitivity (the NRGPT paper reports NRGPT as more sensitive to its hyperparameters than a
+recurrent GPT): GPT_Rec_parallel (``configs/shakespeare_char/gpt_rec_parallel.yaml``) at the same
+shape (d_model 64, 4 heads, 4 steps) is swept over the same LRs at the same 1,250 steps, and a
+table gives, per family, the final val loss at 3e-4, 1e-3 and 3e-3 and its spread (worst − best of
+the three, and that spread relative to the best).
+
+Budget (idle 2-core CPU, ≈ 20k tokens/s): 9 sweep runs of 1,250 steps and 2 arms × 2 seeds of
+5,000 steps ≈ 1.7 hours. ``--quick``: the docstring corpus, d_model 16, 20 steps, seconds.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ import torch
 from energyformer.experiments import common as ex
 
 RECIPE = "shakespeare_char/nrgpt.yaml"
+BASELINE_RECIPE = "shakespeare_char/gpt_rec_parallel.yaml"
 ARMS = {"η = c·diag(γ)": "c_diag_gamma", "free η (full)": "full"}
 SHAPE = {"d_model": 64, "n_heads": 4, "n_steps": 4}
 STEPS, SWEEP_STEPS, LRS = 5000, 1250, (3e-4, 1e-3, 3e-3)
@@ -33,6 +40,29 @@ def config(ctx: ex.Context, eta: str, lr: float, steps: int, seed: int) -> dict[
     """The run config of one η arm: the recipe + this experiment's shape, schedule and seed."""
     return ex.resolve(ctx, RECIPE, {"model": {**SHAPE, "eta_param": eta}},
                    {"train": {**ex.schedule(ctx, steps, lr), "seed": seed}}, data=ex.char_data(ctx))
+
+
+def baseline_config(ctx: ex.Context, lr: float, steps: int, seed: int) -> dict[str, Any]:
+    """GPT_Rec_parallel at this experiment's shape and schedule (the LR-sensitivity baseline)."""
+    return ex.resolve(ctx, BASELINE_RECIPE, {"model": SHAPE},
+                   {"train": {**ex.schedule(ctx, steps, lr), "seed": seed}}, data=ex.char_data(ctx))
+
+
+def lr_sensitivity(sweeps: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    """Per family, the final val loss at each LR of :data:`LRS` (read from its sweep) and the spread
+    over them: ``worst − best`` (nats) and ``(worst − best) / best``. A diverged run makes the
+    spread infinite. Returns ``(markdown table, rows)``."""
+    rows, cells = [], []
+    for s in sweeps:
+        at = dict(zip(s["lrs"], s["final_val_loss"]))
+        vals = [at.get(lr, float("nan")) for lr in LRS]
+        spread = max(vals) - min(vals)
+        rows.append({"family": s["family"], "final_val_loss": vals, "spread": spread,
+                     "relative_spread": spread / min(vals)})
+        cells.append([s["family"], *[("diverged" if v == float("inf") else f"{v:.4f}") for v in vals],
+                      f"{spread:.4f}", f"{spread / min(vals):.1%}"])
+    head = ["family", *[f"LR {lr:g}" for lr in LRS], "spread (nats)", "spread / best"]
+    return ex.markdown_table(head, cells), rows
 
 
 def trained_run(ctx: ex.Context, eta: str, seed: int):
@@ -96,6 +126,9 @@ def run(ctx: ex.Context) -> dict[str, Any]:
             per_seed.append({"trace": entry, "best_val_loss": summary["best_val_loss"],
                              "final_val_loss": summary["final_val_loss"], "convergence": ex.convergence(where)})
         results[label] = {"lr": sweep["best_lr"], "seeds": per_seed}
+    baseline = ex.lr_sweep(ctx, "gpt_rec_parallel", lambda lr, steps: baseline_config(ctx, lr, steps, 1),
+                           LRS, SWEEP_STEPS)
+    sensitivity, sensitivity_rows = lr_sensitivity([*sweeps, baseline])
     floors = ex.count_floors(ex.char_data(ctx), ctx)
     table = _table(results) + "\n\n" + ex.floors_table(floors, "val loss (nats/char)")
     _plots(ctx, results, curves, groups, floors)
@@ -103,8 +136,12 @@ def run(ctx: ex.Context) -> dict[str, Any]:
               "seed(s), trained with 4 steps: fraction of tokens whose energy never rises after step s. "
               "Converged: the fitted val loss fell < 1% over the last 30% of the pre-cooldown steps "
               "(slope in nats/char per 1k steps).")
-    return ex.write_results(ctx, table, {"rows": _jsonable(results), "lr_sweeps": sweeps, "floors": floors},
-                         header, "LR sweeps (seed 1, final val loss):\n\n" + ex.sweep_table(sweeps))
+    footer = ("LR sweeps (seed 1, final val loss):\n\n" + ex.sweep_table([*sweeps, baseline])
+              + f"\n\nLR sensitivity at {SWEEP_STEPS} steps (seed 1; NRGPT arms vs GPT_Rec_parallel at the "
+              "same d_model, heads and steps; spread = worst − best final val loss over these LRs):\n\n"
+              + sensitivity)
+    return ex.write_results(ctx, table, {"rows": _jsonable(results), "lr_sweeps": [*sweeps, baseline],
+                                         "lr_sensitivity": sensitivity_rows, "floors": floors}, header, footer)
 
 
 def _table(results: dict[str, Any]) -> str:

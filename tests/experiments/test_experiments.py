@@ -169,3 +169,16 @@ def test_an_unfinished_run_resumes_from_its_recorded_partial(tmp_path, capsys):
     assert "resuming the recorded partial run" in said and not (ctx.out / "partial" / "r").exists()
     summary = json.loads((ctx.records / "r" / "summary.json").read_text())
     assert summary["resumed_from"] == 10 and summary["steps_this_run"] == 0
+
+
+def test_lr_sensitivity_spreads_are_read_from_the_sweeps():
+    """The LR-sensitivity table (NRGPT vs GPT_Rec_parallel) takes each family's loss at 3e-4/1e-3/3e-3
+    from its sweep (extensions ignored) and reports worst − best and its ratio to the best."""
+    from energyformer.experiments.energy_descent import lr_sensitivity
+
+    sweeps = [{"family": "nrgpt_full", "lrs": [3e-4, 1e-3, 3e-3, 1e-2], "final_val_loss": [2.2, 1.9, 1.8, 1.6]},
+              {"family": "gpt_rec_parallel", "lrs": [3e-4, 1e-3, 3e-3], "final_val_loss": [2.0, 1.9, float("inf")]}]
+    table, rows = lr_sensitivity(sweeps)
+    assert rows[0]["spread"] == pytest.approx(0.4) and rows[0]["relative_spread"] == pytest.approx(0.4 / 1.8)
+    assert rows[1]["spread"] == float("inf") and "diverged" in table
+    assert "| nrgpt_full | 2.2000 | 1.9000 | 1.8000 | 0.4000 | 22.2% |" in table
