@@ -99,3 +99,12 @@ def test_compare_command_x_and_plot(tmp_path, capsys):
     assert "model.n_steps" in capsys.readouterr().out and png.read_bytes()[:4] == b"\x89PNG"
     assert main(["compare", str(a), "--plot", str(png), "--x", "epochs"]) == 2
     assert "--x 'epochs' is not valid; expected 'tokens' (tokens seen) or 'steps'" in capsys.readouterr().err
+
+
+def test_tokens_axis_needs_the_runs_config(tmp_path):
+    run = _run(tmp_path, "bare")
+    (run / "config.yaml").unlink()
+    assert compare_runs([run])[0]["tokens"] is None and compare_runs([run])[0]["arch"] is None
+    with pytest.raises(ValueError, match=r"'.*bare' has no config\.yaml to count tokens per step from; use --x steps"):
+        curves_figure([run])
+    assert [ln.get_label() for ln in curves_figure([run], x="steps").axes[0].get_lines()] == ["bare val", "bare train"]
