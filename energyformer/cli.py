@@ -7,7 +7,7 @@
     energyformer sample RUN_DIR --prompt TEXT [--max_new_tokens N] [--temperature T] [--top_k K] [--seed S]
         [--top_p P] [--min_p P] [--repetition_penalty R] [--stop TEXT] [--interactive] [--use_cache false]
     energyformer info RECIPE.yaml|RUN_DIR [--section.key value ...]
-    energyformer compare RUN_DIR [RUN_DIR ...] [--out TABLE.md|TABLE.json] [--plot CURVES.png]
+    energyformer compare RUN_DIR [RUN_DIR ...] [--out TABLE.md|TABLE.json] [--plot CURVES.png] [--x tokens|steps]
     energyformer experiment NAME [--seeds K] [--quick] [--profile paper]  # results/NAME/{table.md, ...}
     energyformer inspect RUN_DIR --prompt TEXT --out DIR    # energy per layer/step/term/token: JSON + PNG
     energyformer export RUN_DIR [--to DIR] [--as energyformer|llama|gpt2] [--force] [--verbose]  # a transformers folder

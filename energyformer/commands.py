@@ -381,23 +381,26 @@ def info(recipe: str, overrides: Sequence[str] = ()) -> str:
     return parameter_report(run_cfg.model) + note
 
 
-def compare(run_dirs: Sequence[str], out: str | None = None, plot: str | None = None) -> str:
-    """One table (and loss curves) across finished runs.
+def compare(run_dirs: Sequence[str], out: str | None = None, plot: str | None = None, x: str = "tokens") -> str:
+    """One table (and loss curves) across finished runs; the options that differ between them are columns.
 
     Args:
         run_dirs: run directories (train.out_dir of finished runs).
         out: also write the table (.md) or the rows (.json) here.
         plot: save validation/training loss curves (PNG) here.
+        x: the curves' x axis: tokens (tokens seen, from each run's config) or steps.
 
     Returns:
         the Markdown table.
 
     Raises:
-        FileNotFoundError / ValueError: a run without a readable summary.json.
+        FileNotFoundError / ValueError: a run without a readable summary.json; ``x`` not tokens/steps.
         ModuleNotFoundError: ``plot`` without matplotlib (``pip install 'energyformer[viz]'``).
     """
-    from energyformer.eval.compare import compare_runs, format_markdown, plot_curves
+    from energyformer.eval.compare import X_AXES, compare_runs, format_markdown, plot_curves
 
+    if x not in X_AXES:
+        raise ValueError(f"--x {x!r} is not valid; expected 'tokens' (tokens seen) or 'steps'")
     if plot is not None:  # a missing matplotlib fails before anything is written
         import matplotlib  # noqa: F401
     rows = compare_runs(run_dirs)
@@ -408,7 +411,7 @@ def compare(run_dirs: Sequence[str], out: str | None = None, plot: str | None = 
         text = json.dumps(rows, indent=2) if out_path.suffix == ".json" else table
         out_path.write_text(text + "\n", encoding="utf-8")
     if plot is not None:
-        plot_curves(run_dirs, plot)
+        plot_curves(run_dirs, plot, x=x)
     return table
 
 

@@ -1,25 +1,89 @@
-"""Compare finished runs: one table (Markdown or JSON) and validation-loss curves.
+"""Compare finished runs: one table (Markdown or JSON) and loss curves against tokens seen.
 
 Reads only what ``energyformer train`` writes into a run directory, through the readers of
 ``energyformer.runs``: ``summary.json`` (final numbers), ``config.yaml`` (the recipe) and
 ``metrics.jsonl`` (the curves), so it works on runs copied from another machine without the data.
 
+The table gets one column per option whose value differs between the compared runs (flattened
+dotted keys such as ``model.n_steps``; run-time keys such as ``train.out_dir`` are left out), so
+a sweep shows what it swept. The curves put tokens seen on the x axis (``step × batch_size ×
+grad_accum_steps × block_size × world_size``), so runs with different batch sizes line up.
+
     energyformer compare out/llama out/cem out/cem_t2 --out results/cem.md --plot results/cem.png
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from energyformer.runs.rundir import CONFIG_FILE, read_metrics, read_run_config, read_summary
 
-COLUMNS = ("run", "arch", "params", "best_val_loss", "final_val_loss", "final_train_loss", "steps",
-           "minutes", "tokens_per_s")
+COLUMNS = ("run", "arch", "params", "best_val_loss", "final_val_loss", "final_train_loss", "evals", "steps",
+           "tokens", "minutes", "tokens_per_s")
+HEADERS = {"best_val_loss": "best val loss", "final_val_loss": "final val loss", "final_train_loss": "train loss",
+           "tokens_per_s": "tokens/s"}
+# options that say where or how a run was executed or logged, not what was trained: never a column
+RUN_TIME_KEYS = frozenset({"train.out_dir", "train.resume", "train.num_threads", "train.log_interval",
+                           "train.ckpt_interval", "train.tensorboard", "train.wandb", "train.wandb_project",
+                           "train.wandb_run_name"})
+X_AXES = {"tokens": "tokens seen (step × batch_size × grad_accum_steps × block_size × world_size)",
+          "steps": "optimizer step"}
+LEGEND_LINES_INSIDE = 8  # more labelled lines than this: one legend entry per run, outside the axes
+DPI = 110
 
 
-def run_row(run_dir: str | Path) -> dict[str, Any]:
-    """The comparison row of one run directory.
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"model": {"n_steps": 2}}`` → ``{"model.n_steps": 2}`` (lists stay values)."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def run_options(run_dir: str | Path) -> dict[str, Any]:
+    """The run's ``config.yaml`` as flat dotted keys (``{}`` when the run has none).
+
+    Raises:
+        ValueError: ``config.yaml`` does not load.
+    """
+    if not (Path(run_dir) / CONFIG_FILE).is_file():
+        return {}
+    return flatten(read_run_config(run_dir).to_dict())
+
+
+def differing_options(options: Sequence[dict[str, Any]]) -> list[str]:
+    """The keys whose value differs between the runs that have them (in first-seen order), less
+    :data:`RUN_TIME_KEYS`. A key only one run has (e.g. an arch-specific option) is not a
+    difference of its own: the ``arch`` column shows it."""
+    keys = list(dict.fromkeys(k for opts in options for k in opts if k not in RUN_TIME_KEYS))
+    out = []
+    for key in keys:
+        values: list[Any] = []
+        for opts in options:
+            if key in opts and opts[key] not in values:
+                values.append(opts[key])
+        if len(values) > 1:
+            out.append(key)
+    return out
+
+
+def tokens_per_step(options: dict[str, Any], world_size: int | None = 1) -> int | None:
+    """``batch_size × grad_accum_steps × block_size × world_size`` of a run (None without a config)."""
+    try:
+        per_rank = options["train.batch_size"] * options["train.grad_accum_steps"] * options["model.block_size"]
+    except KeyError:
+        return None
+    return per_rank * (world_size or 1)
+
+
+def run_row(run_dir: str | Path, options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The comparison row of one run directory: :data:`COLUMNS` (``evals``: the validation
+    evaluations in ``metrics.jsonl``; ``tokens``: tokens seen at the last step).
 
     Raises:
         FileNotFoundError: ``run_dir`` has no ``summary.json`` (the run has not finished).
@@ -27,64 +91,137 @@ def run_row(run_dir: str | Path) -> dict[str, Any]:
     """
     run_dir = Path(run_dir)
     summary = read_summary(run_dir)
-    arch = read_run_config(run_dir).model.arch if (run_dir / CONFIG_FILE).is_file() else None
-    row = {"run": run_dir.name, "arch": arch}
+    options = run_options(run_dir) if options is None else options
+    per_step = tokens_per_step(options, summary.get("world_size"))
+    steps = summary.get("steps")
+    row = {"run": run_dir.name, "arch": options.get("model.arch"),
+           "evals": sum(1 for r in read_metrics(run_dir) if r.get("val_loss") is not None),
+           "tokens": None if per_step is None or steps is None else steps * per_step}
     row.update({k: summary.get(k) for k in COLUMNS if k not in row})
-    return row
+    return {k: row[k] for k in COLUMNS}
 
 
 def compare_runs(run_dirs: Sequence[str | Path]) -> list[dict[str, Any]]:
-    """Rows for ``run_dirs`` in the given order (see :func:`run_row`)."""
+    """Rows for ``run_dirs`` in the given order (see :func:`run_row`), each followed by the
+    options that differ between the runs (:func:`differing_options`; None where a run lacks one).
+
+    Raises:
+        ValueError: no run directory, or see :func:`run_row`.
+    """
     if not run_dirs:
         raise ValueError("compare needs at least one run directory")
-    return [run_row(d) for d in run_dirs]
+    options = [run_options(d) for d in run_dirs]
+    differing = differing_options(options)
+    return [{**run_row(d, opts), **{k: opts.get(k) for k in differing}} for d, opts in zip(run_dirs, options)]
+
+
+def _cell(key: str, value: Any) -> str:
+    if value is None:
+        return "–"
+    if key in ("params", "steps", "evals", "tokens"):
+        return f"{int(value):,}"
+    if key.endswith("loss"):
+        return f"{value:.4f}"
+    if key == "minutes":
+        return f"{value:.1f}"
+    if key == "tokens_per_s":
+        return f"{value:,.0f}"
+    return str(value).replace("|", "\\|")
 
 
 def format_markdown(rows: Sequence[dict[str, Any]]) -> str:
-    """A Markdown table: params with thousands separators, losses to 4 decimals, minutes to 1."""
-    head = ["run", "arch", "params", "best val loss", "final val loss", "train loss", "steps", "minutes", "tokens/s"]
-
-    def cell(k: str, v: Any) -> str:
-        if v is None:
-            return "–"
-        if k in ("params", "steps"):
-            return f"{int(v):,}"
-        if k.endswith("loss"):
-            return f"{v:.4f}"
-        if k == "minutes":
-            return f"{v:.1f}"
-        if k == "tokens_per_s":
-            return f"{v:,.0f}"
-        return str(v)
-
+    """A Markdown table: run, arch, the differing options (dotted keys), then the numbers
+    (params with thousands separators, losses to 4 decimals, minutes to 1)."""
+    extra = list(dict.fromkeys(k for r in rows for k in r if k not in COLUMNS))
+    keys = [*COLUMNS[:2], *extra, *COLUMNS[2:]]
+    head = [HEADERS.get(k, k) for k in keys]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(cell(k, r.get(k)) for k in COLUMNS) + " |" for r in rows]
+    lines += ["| " + " | ".join(_cell(k, r.get(k)) for k in keys) + " |" for r in rows]
     return "\n".join(lines)
 
 
-def plot_curves(run_dirs: Sequence[str | Path], path: str | Path) -> Path:
-    """Validation (solid) and training (faint) loss against step for every run, saved to ``path``."""
+def _x_scale(run_dir: str | Path, x: str) -> int:
+    """What one step is worth on the x axis: 1 (steps) or the run's tokens per step."""
+    if x == "steps":
+        return 1
+    world_size = read_summary(run_dir).get("world_size") if (Path(run_dir) / "summary.json").is_file() else 1
+    per_step = tokens_per_step(run_options(run_dir), world_size)
+    if per_step is None:
+        raise ValueError(f"{str(run_dir)!r} has no {CONFIG_FILE} to count tokens per step from; use --x steps")
+    return per_step
+
+
+def _draw_run(ax: Any, run_dir: str | Path, color: Any, x: str) -> None:
+    """The run's validation (solid, dots) and training (dashed) losses, each line labelled
+    ``RUN val`` / ``RUN train``; a run with one evaluation is one dot, one without any a legend entry."""
+    scale, name = _x_scale(run_dir, x), Path(run_dir).name
+    recs = read_metrics(run_dir)
+    for kind, key, style in (("val", "val_loss", "-"), ("train", "train_loss", "--")):
+        pts = [(r["step"] * scale, r[key]) for r in recs if r.get(key) is not None]
+        xs, ys = (list(v) for v in zip(*pts)) if pts else ([], [])
+        few = len(pts) <= (50 if kind == "val" else 1)
+        ax.plot(xs, ys, color=color, linestyle=style, marker="o" if few else None,
+                markersize=4 if kind == "val" else 3, linewidth=1.6 if kind == "val" else 1.0,
+                alpha=1.0 if kind == "val" else 0.6, label=f"{name} {kind}" + ("" if pts else " (none recorded)"))
+
+
+def _legend(ax: Any, n_runs: int) -> None:
+    """Every line's label when few; else one entry per run (its colour) and one per line style,
+    outside the axes on the right, in columns of at most 20 entries."""
+    from matplotlib.lines import Line2D
+
+    lines = ax.get_lines()
+    if len(lines) <= LEGEND_LINES_INSIDE:
+        ax.legend(fontsize=8, loc="best")
+        return
+    handles = [Line2D([], [], color=lines[2 * i].get_color(), linewidth=2,
+                      label=lines[2 * i].get_label().rsplit(" val", 1)[0]) for i in range(n_runs)]
+    handles += [Line2D([], [], color="0.3", linestyle="-", marker="o", markersize=3, label="validation"),
+                Line2D([], [], color="0.3", linestyle="--", label="train")]
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
+              ncol=math.ceil(len(handles) / 20))
+
+
+def curves_figure(run_dirs: Sequence[str | Path], x: str = "tokens") -> Any:
+    """The loss curves of ``run_dirs`` as a matplotlib Figure (the caller closes it).
+
+    Args:
+        run_dirs: run directories (their ``metrics.jsonl`` and ``config.yaml``).
+        x: ``"tokens"`` (tokens seen, from each run's config) or ``"steps"``.
+
+    Raises:
+        ValueError: ``x`` is neither, or ``x="tokens"`` for a run without ``config.yaml``.
+        ModuleNotFoundError: no matplotlib.
+    """
+    if x not in X_AXES:
+        raise ValueError(f"x={x!r} is not valid; expected 'tokens' (tokens seen) or 'steps'")
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import EngFormatter
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for run_dir in run_dirs:
-        recs = read_metrics(run_dir)
-        name = Path(run_dir).name
-        val = [(r["step"], r["val_loss"]) for r in recs if "val_loss" in r]
-        line, = ax.plot(*zip(*val), label=name) if val else ax.plot([], [], label=name)
-        train = [(r["step"], r["train_loss"]) for r in recs if "train_loss" in r]
-        if train:
-            ax.plot(*zip(*train), color=line.get_color(), alpha=0.2, linewidth=0.8)
-    ax.set_xlabel("step")
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    cmap = plt.get_cmap("tab10" if len(run_dirs) <= 10 else "tab20")
+    for i, run_dir in enumerate(run_dirs):
+        _draw_run(ax, run_dir, cmap(i % cmap.N), x)
+    ax.set_xlabel(X_AXES[x])
+    if x == "tokens":
+        ax.xaxis.set_major_formatter(EngFormatter(sep=""))
     ax.set_ylabel("loss (nats/token)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend(ax, len(run_dirs))
+    fig.tight_layout()
+    return fig
+
+
+def plot_curves(run_dirs: Sequence[str | Path], path: str | Path, x: str = "tokens") -> Path:
+    """Save :func:`curves_figure` to ``path`` (PNG, the legend included) and return ``path``."""
+    fig = curves_figure(run_dirs, x)  # (sets the Agg backend before pyplot is imported here)
+    import matplotlib.pyplot as plt
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
     plt.close(fig)
     return path

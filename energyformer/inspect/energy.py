@@ -16,6 +16,10 @@ map / preconditioner), so ``cos < 1`` shows the step map at work (NRGPT's η, CE
 
     energyformer inspect out/nrgpt --prompt "ROMEO:" --out figs/nrgpt
     → figs/nrgpt/trace.json, energy_steps.png, energy_heatmap.png
+
+The figures stay at most 12 × 16 inches at 120 dpi whatever the prompt's length: at most 30 tick
+labels per axis (every k-th token beyond), and past 10 tokens the step plot draws the mean over
+tokens and their 10–90% band instead of one line per token.
 """
 from __future__ import annotations
 
@@ -86,43 +90,80 @@ def energy_report(model: torch.nn.Module, idx: torch.Tensor, **forward_kwargs: A
     return {"blocks": report_from_trace(trace), "steps_taken": steps}
 
 
-def plot_report(report: dict[str, Any], tokens: Sequence[str], out_dir: str | Path) -> list[Path]:
-    """``energy_steps.png`` (energy vs step, one line per token, a panel per block and term) and
-    ``energy_heatmap.png`` (token × step heat map of each term's energy minus its value at step 0).
+MAX_WIDTH_IN, MAX_HEIGHT_IN, DPI = 12.0, 16.0, 120  # every figure fits 1440 × 1920 pixels
+MAX_TICKS = 30  # tick labels per axis; beyond, every k-th
+MAX_TOKEN_LINES = 10  # per-token lines in energy_steps.png; beyond, the mean and a 10–90% band
 
-    Returns:
-        the paths written.
-    """
+
+def _pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend (files only, no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    return plt
+
+
+def thinned_ticks(n: int, max_ticks: int = MAX_TICKS) -> range:
+    """Every k-th of ``n`` positions, with the smallest ``k`` that keeps at most ``max_ticks``."""
+    return range(0, n, max(1, -(-n // max_ticks)))
+
+
+def _token_labels(tokens: Sequence[str]) -> list[str]:
+    return [f"{i} {repr(t)[1:-1]}" for i, t in enumerate(tokens)]
+
+
+def _draw_tokens(ax: Any, e: torch.Tensor, tokens: Sequence[str], legend: bool) -> None:
+    """Energy vs step of each token ``e`` ``(S + 1, N)``: one labelled line per token when few,
+    else the mean over tokens and the band between their 10th and 90th percentiles (labelled too);
+    ``legend``: show the labels on this panel."""
+    steps = range(e.shape[0])
+    if e.shape[1] <= MAX_TOKEN_LINES:
+        for label, col in zip(_token_labels(tokens), e.T):
+            ax.plot(steps, col.numpy(), marker=".", linewidth=1, label=label)
+    else:
+        lo, hi = torch.quantile(e, torch.tensor([0.1, 0.9], dtype=e.dtype), dim=1)
+        ax.fill_between(steps, lo.numpy(), hi.numpy(), alpha=0.25, label="10–90% of tokens")
+        ax.plot(steps, e.mean(dim=1).numpy(), marker=".", linewidth=1.5, label=f"mean over {e.shape[1]} tokens")
+    if legend:
+        ax.legend(fontsize=6, loc="best", title="position token" if e.shape[1] <= MAX_TOKEN_LINES else None,
+                  title_fontsize=6)
+
+
+def steps_figure(report: dict[str, Any], tokens: Sequence[str]) -> Any:
+    """Energy vs descent step, a panel per (block, term), at most 12 × 16 inches (the caller closes it)."""
+    plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
     panels = [(b, term) for b in report["blocks"] for term in b["energy"]]
-    cols = min(3, len(panels))
+    cols = min(3 if len(tokens) > MAX_TOKEN_LINES else 2, len(panels))
     rows = -(-len(panels) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
-    cmap = plt.get_cmap("viridis")
-    for ax, (b, term) in zip(axes.flat, panels):
-        e = torch.tensor(b["energy"][term])  # (S + 1, N)
-        for j in range(e.shape[1]):
-            ax.plot(range(e.shape[0]), e[:, j], color=cmap(j / max(1, e.shape[1] - 1)), alpha=0.8, linewidth=1)
+    fig, axes = plt.subplots(rows, cols, figsize=(MAX_WIDTH_IN if cols > 1 else 6.0, min(MAX_HEIGHT_IN, 3.0 * rows)),
+                             squeeze=False)
+    for i, (ax, (b, term)) in enumerate(zip(axes.flat, panels)):
+        _draw_tokens(ax, torch.tensor(b["energy"][term], dtype=torch.float64), tokens, legend=i == 0)
         ax.set_title(f"layer {b['layer']} {b['sub']}: {term}", fontsize=9)
-        ax.set_xlabel("step")
-        ax.set_ylabel("energy per token")
+        ax.set_xlabel("descent step t")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("energy E(x^t) per token")
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    fig.suptitle("energy vs step (one line per token; dark = early tokens)", fontsize=10)
+    fig.suptitle(f"energy vs step on {len(tokens)} tokens", fontsize=10)
     fig.tight_layout()
-    steps_png = out_dir / "energy_steps.png"
-    fig.savefig(steps_png, dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def heatmap_figure(report: dict[str, Any], tokens: Sequence[str]) -> Any:
+    """Token × (layer, step) heat map of each term's energy minus its value at step 0, at most
+    12 × 16 inches and :data:`MAX_TICKS` tick labels per axis (the caller closes it)."""
+    plt = _pyplot()
 
     terms = sorted({t for b in report["blocks"] for t in b["energy"]})
-    fig, axes = plt.subplots(1, len(terms), figsize=(4.5 * len(terms), 0.25 * len(tokens) + 2.0), squeeze=False)
+    size = (min(MAX_WIDTH_IN, 4.5 * len(terms)), min(10.0, 0.2 * len(tokens) + 2.0))
+    fig, axes = plt.subplots(1, len(terms), figsize=size, squeeze=False)
+    names = _token_labels(tokens)
     for ax, term in zip(axes.flat, terms):
         cols_data, labels = [], []
         for b in report["blocks"]:
@@ -131,21 +172,37 @@ def plot_report(report: dict[str, Any], tokens: Sequence[str], out_dir: str | Pa
                 cols_data.append(e - e[:1])
                 labels += [f"{b['layer']}.{t}" for t in range(e.shape[0])]
         mat = torch.cat(cols_data).T  # (N, columns)
-        im = ax.imshow(mat, aspect="auto", cmap="coolwarm", interpolation="nearest",
+        im = ax.imshow(mat.numpy(), aspect="auto", cmap="coolwarm", interpolation="nearest",
                        vmin=-float(mat.abs().max()) or -1, vmax=float(mat.abs().max()) or 1)
         ax.set_title(f"{term}: E(x^t) − E(x^0)", fontsize=9)
-        ax.set_yticks(range(len(tokens)))
-        ax.set_yticklabels([repr(t)[1:-1] for t in tokens], fontsize=6)
-        step = max(1, len(labels) // 16)
-        ax.set_xticks(range(0, len(labels), step))
-        ax.set_xticklabels(labels[::step], fontsize=6, rotation=90)
+        rows, cols = thinned_ticks(len(tokens)), thinned_ticks(len(labels))
+        ax.set_yticks(list(rows), [names[i] for i in rows], fontsize=6)
+        ax.set_xticks(list(cols), [labels[i] for i in cols], fontsize=6, rotation=90)
         ax.set_xlabel("layer.step")
-        fig.colorbar(im, ax=ax, fraction=0.046)
+        ax.set_ylabel("position token" + (f" (1 in {rows.step} labelled)" if rows.step > 1 else ""))
+        fig.colorbar(im, ax=ax, fraction=0.046, label="energy change per token")
     fig.tight_layout()
-    heat_png = out_dir / "energy_heatmap.png"
-    fig.savefig(heat_png, dpi=110)
-    plt.close(fig)
-    return [steps_png, heat_png]
+    return fig
+
+
+def plot_report(report: dict[str, Any], tokens: Sequence[str], out_dir: str | Path) -> list[Path]:
+    """``energy_steps.png`` (:func:`steps_figure`) and ``energy_heatmap.png`` (:func:`heatmap_figure`),
+    at :data:`DPI` dots per inch.
+
+    Returns:
+        the paths written.
+    """
+    plt = _pyplot()
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, make in (("energy_steps.png", steps_figure), ("energy_heatmap.png", heatmap_figure)):
+        fig = make(report, tokens)
+        fig.savefig(out_dir / name, dpi=DPI)
+        plt.close(fig)
+        paths.append(out_dir / name)
+    return paths
 
 
 def inspect_run(run_dir: str | Path, prompt: str, out_dir: str | Path, n_steps: int | None = None,
@@ -208,4 +265,5 @@ def format_inspect(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["energy_report", "format_inspect", "inspect_run", "plot_report", "report_from_trace"]
+__all__ = ["energy_report", "format_inspect", "heatmap_figure", "inspect_run", "plot_report", "report_from_trace",
+           "steps_figure"]

@@ -1,6 +1,6 @@
 """Energy inspection (energyformer.inspect; docs/architecture.md §4): the report is built on the one
 Trace type, its energies equal a direct evaluation of the energy at the recorded states, and
-`energyformer inspect` writes the JSON trace and the plots."""
+`energyformer inspect` writes the JSON trace and the plots, which stay readable at any prompt length."""
 import json
 
 import pytest
@@ -8,7 +8,7 @@ import torch
 
 from energyformer import build_model
 from energyformer.cli import main
-from energyformer.inspect.energy import energy_report, report_from_trace
+from energyformer.inspect.energy import DPI, energy_report, heatmap_figure, plot_report, report_from_trace, steps_figure
 
 NRGPT = {"arch": "nrgpt", "vocab_size": 11, "d_model": 16, "n_heads": 2, "n_steps": 3, "block_size": 16,
          "eta_param": "c_diag_gamma"}
@@ -64,6 +64,41 @@ def test_models_without_energies_are_refused():
     llama_rope = build_model({**CEM, "rope": "llama", "preconditioner": None})
     with pytest.raises(ValueError, match="recorded no energy"):
         energy_report(llama_rope, torch.zeros(1, 3, dtype=torch.long))
+
+
+@pytest.mark.parametrize("n", [86, 5])
+def test_plots_stay_readable_at_any_prompt_length(tmp_path, n):
+    """86 tokens once drew a 2,585-pixel heat map with 86 tick labels and 86 unlabelled lines."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.image
+    import matplotlib.pyplot as plt
+
+    torch.manual_seed(0)
+    report = energy_report(build_model({**NRGPT, "block_size": 96}).eval(), torch.randint(0, 11, (1, n)))
+    tokens = [chr(97 + i % 26) for i in range(n)]
+    steps, heat = steps_figure(report, tokens), heatmap_figure(report, tokens)
+    for fig in (steps, heat):
+        width, height = fig.get_size_inches() * DPI
+        assert width <= 1440 and height <= 1920
+    maps = [ax for ax in heat.axes if ax.images]
+    assert len(maps) == 3  # attn, ff, total
+    for ax in maps:
+        labels = [t.get_text() for t in ax.get_yticklabels()]
+        assert len(labels) == (29 if n == 86 else 5) and len(ax.get_xticklabels()) <= 30
+        assert labels[:2] == (["0 a", "3 d"] if n == 86 else ["0 a", "1 b"])  # every 3rd token of 86
+    panels = [ax for ax in steps.axes if ax.get_lines()]
+    assert len(panels) == 3 and panels[0].get_legend() is not None
+    for ax in panels:
+        labelled = [ln.get_label() for ln in ax.get_lines()]
+        if n == 86:
+            assert labelled == ["mean over 86 tokens"]
+            assert [c.get_label() for c in ax.collections] == ["10–90% of tokens"]
+        else:
+            assert labelled == ["0 a", "1 b", "2 c", "3 d", "4 e"]
+    plt.close("all")
+    for path in plot_report(report, tokens, tmp_path):
+        height, width = matplotlib.image.imread(path).shape[:2]
+        assert width <= 1440 and height <= 1920
 
 
 def test_inspect_command_writes_trace_and_plots(tmp_path, capsys):

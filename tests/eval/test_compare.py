@@ -1,0 +1,110 @@
+"""`energyformer compare` (energyformer.eval.compare): the table's columns (the options that differ
+between the runs, evaluations, tokens seen) and the loss curves (every line labelled, train and
+validation told apart, a run with one evaluation drawn, x = tokens seen), on run directories
+written by hand: a config.yaml, a metrics.jsonl and a summary.json, no training."""
+import json
+
+import pytest
+
+from energyformer.cli import main
+from energyformer.eval.compare import compare_runs, curves_figure, format_markdown
+from energyformer.models.registry import config_from_dict
+from energyformer.runs.config import DataConfig, RunConfig, TrainConfig
+from energyformer.runs.rundir import write_run_files
+
+pytest.importorskip("matplotlib")
+
+MODEL = {"arch": "nrgpt", "vocab_size": 11, "d_model": 16, "n_heads": 2, "n_steps": 2, "block_size": 16}
+
+
+def _run(root, name, model=None, train=None, val=((10, 2.5), (20, 2.3)), world_size=1):
+    """A finished run directory: train loss logged every 5 steps, validation at the ``val`` steps."""
+    path = root / name
+    path.mkdir(parents=True)
+    train = {"batch_size": 4, "max_steps": 20, "out_dir": str(path), **(train or {})}
+    write_run_files(path, RunConfig(model=config_from_dict({**MODEL, **(model or {})}),
+                                    data=DataConfig(data_dir=str(root / "data")), train=TrainConfig(**train)),
+                    {"tokenizer": "char"})
+    steps = val[-1][0]
+    recs = [{"step": s, "train_loss": 3.0 - s / 100} for s in range(5, steps + 1, 5)]
+    for s, v in val:
+        next(r for r in recs if r["step"] == s).update(val_loss=v)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (path / "summary.json").write_text(json.dumps({
+        "steps": steps, "best_val_loss": min(v for _, v in val), "final_val_loss": val[-1][1],
+        "final_train_loss": 2.8, "params": 1234, "minutes": 0.5, "tokens_per_s": 99.0, "world_size": world_size}))
+    return path
+
+
+def test_columns_are_the_options_that_differ(tmp_path):
+    a = _run(tmp_path, "a")
+    b = _run(tmp_path, "b", model={"n_steps": 4})
+    rows = compare_runs([a, b])
+    assert [r["model.n_steps"] for r in rows] == [2, 4]
+    assert not {k for r in rows for k in r if k.startswith(("train.", "data."))}  # out_dir differs: run-time
+    table = format_markdown(rows)
+    assert table.splitlines()[0].startswith("| run | arch | model.n_steps | params |")
+    assert "| a | nrgpt | 2 | 1,234 |" in table and "| b | nrgpt | 4 | 1,234 |" in table
+    c = _run(tmp_path, "c", train={"seed": 7})
+    assert [r["train.seed"] for r in compare_runs([a, c])] == [1337, 7]  # a seed is what was trained
+    assert "train.seed" not in compare_runs([a, a])[0] and "model.n_steps" not in compare_runs([a, a])[0]
+
+
+def test_one_evaluation_runs_are_listed_and_drawn(tmp_path):
+    one = _run(tmp_path, "one", val=((10, 2.4),))
+    many = _run(tmp_path, "many")
+    rows = compare_runs([one, many])
+    assert [(r["run"], r["evals"]) for r in rows] == [("one", 1), ("many", 2)]
+    assert "| one | nrgpt | 1,234 | 2.4000 | 2.4000 | 2.8000 | 1 | 10 | 640 |" in format_markdown(rows)
+    fig = curves_figure([one, many])
+    (line,) = [ln for ln in fig.axes[0].get_lines() if ln.get_label() == "one val"]
+    assert len(line.get_xdata()) == 1 and line.get_marker() == "o"  # a single point is visible
+
+
+def test_every_line_is_labelled_and_x_is_tokens_seen(tmp_path):
+    small = _run(tmp_path, "small")
+    big = _run(tmp_path, "big", train={"batch_size": 8, "grad_accum_steps": 2}, world_size=2)
+    fig = curves_figure([small, big])
+    ax = fig.axes[0]
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    assert set(lines) == {"small val", "small train", "big val", "big train"}
+    assert lines["small val"].get_linestyle() != lines["small train"].get_linestyle()
+    assert lines["small val"].get_color() == lines["small train"].get_color() != lines["big val"].get_color()
+    assert list(lines["small val"].get_xdata()) == [10 * 4 * 16, 20 * 4 * 16]  # step × batch × block
+    assert list(lines["big val"].get_xdata()) == [10 * 8 * 2 * 16 * 2, 20 * 8 * 2 * 16 * 2]
+    assert "tokens seen" in ax.get_xlabel() and "nats/token" in ax.get_ylabel()
+    assert {t.get_text() for t in ax.get_legend().get_texts()} == set(lines)
+    steps = curves_figure([small, big], x="steps").axes[0]
+    assert steps.get_xlabel() == "optimizer step"
+    assert [list(ln.get_xdata()) for ln in steps.get_lines()][0] == [10, 20]
+
+
+def test_many_runs_legend_is_outside_the_axes(tmp_path):
+    runs = [_run(tmp_path, f"run{i:02d}") for i in range(12)]
+    fig = curves_figure(runs)
+    ax = fig.axes[0]
+    assert len(ax.get_lines()) == 24 and all(ln.get_label().startswith("run") for ln in ax.get_lines())
+    legend = ax.get_legend()
+    texts = [t.get_text() for t in legend.get_texts()]
+    assert texts == [f"run{i:02d}" for i in range(12)] + ["validation", "train"]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    assert legend.get_window_extent(renderer).x0 > ax.get_window_extent(renderer).x1  # not over the curves
+
+
+def test_compare_command_x_and_plot(tmp_path, capsys):
+    a, b = _run(tmp_path, "a"), _run(tmp_path, "b", model={"n_steps": 3})
+    png = tmp_path / "c.png"
+    assert main(["compare", str(a), str(b), "--plot", str(png), "--x", "steps"]) == 0
+    assert "model.n_steps" in capsys.readouterr().out and png.read_bytes()[:4] == b"\x89PNG"
+    assert main(["compare", str(a), "--plot", str(png), "--x", "epochs"]) == 2
+    assert "--x 'epochs' is not valid; expected 'tokens' (tokens seen) or 'steps'" in capsys.readouterr().err
+
+
+def test_tokens_axis_needs_the_runs_config(tmp_path):
+    run = _run(tmp_path, "bare")
+    (run / "config.yaml").unlink()
+    assert compare_runs([run])[0]["tokens"] is None and compare_runs([run])[0]["arch"] is None
+    with pytest.raises(ValueError, match=r"'.*bare' has no config\.yaml to count tokens per step from; use --x steps"):
+        curves_figure([run])
+    assert [ln.get_label() for ln in curves_figure([run], x="steps").axes[0].get_lines()] == ["bare val", "bare train"]
