@@ -126,6 +126,8 @@ def _cell(key: str, value: Any) -> str:
         return f"{value:.1f}"
     if key == "tokens_per_s":
         return f"{value:,.0f}"
+    if isinstance(value, float):  # an option: 12 significant digits (3e-4·0.1 shows as 3e-05, not 3.0000000000000004e-05)
+        return f"{value:.12g}"
     return str(value).replace("|", "\\|")
 
 

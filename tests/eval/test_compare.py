@@ -108,3 +108,10 @@ def test_tokens_axis_needs_the_runs_config(tmp_path):
     with pytest.raises(ValueError, match=r"'.*bare' has no config\.yaml to count tokens per step from; use --x steps"):
         curves_figure([run])
     assert [ln.get_label() for ln in curves_figure([run], x="steps").axes[0].get_lines()] == ["bare val", "bare train"]
+
+
+def test_float_options_print_without_rounding_noise():
+    from energyformer.eval.compare import _cell
+
+    assert _cell("train.min_lr", 3e-3 * 0.1) == "0.0003" and _cell("train.learning_rate", 1e-3) == "0.001"
+    assert _cell("model.n_steps", 4) == "4" and _cell("model.eta_param", "a|b") == "a\\|b"
