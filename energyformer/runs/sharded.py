@@ -14,8 +14,11 @@ The commit (temporary folder, rename, ``checkpoint.json``) is the one of
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -29,6 +32,14 @@ def _no_dist() -> bool:
     import torch.distributed as tdist
 
     return not (tdist.is_available() and tdist.is_initialized())
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence DCP's warning that it runs in one process (which is meant here)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def has_shards(folder: str | Path) -> bool:
@@ -55,7 +66,8 @@ def save_shards(path: str | Path, model: nn.Module, optimizer: torch.optim.Optim
     model_sd, optim_sd = get_state_dict(model, optimizer)
     writer = dcp.FileSystemWriter(str(path), sync_files=True, overwrite=True)
     try:
-        dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=writer, no_dist=_no_dist())
+        with _quiet():
+            dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=writer, no_dist=_no_dist())
     except OSError:
         raise
     except Exception as e:  # noqa: BLE001 - DCP reports any rank's failure as CheckpointException
@@ -78,7 +90,7 @@ def load_shards(path: str | Path, model: nn.Module, optimizer: torch.optim.Optim
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
-    with _as_value_error(path):
+    with _as_value_error(path), _quiet():
         dcp.load(state, checkpoint_id=str(path), no_dist=_no_dist())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
@@ -93,7 +105,7 @@ def load_model_shards(path: str | Path, model: nn.Module) -> None:
     import torch.distributed.checkpoint as dcp
 
     state = {"model": model.state_dict()}
-    with _as_value_error(path):
+    with _as_value_error(path), _quiet():
         dcp.load(state, checkpoint_id=str(path), no_dist=True)
     model.load_state_dict(state["model"], strict=True)
 
