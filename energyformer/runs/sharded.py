@@ -61,6 +61,7 @@ def save_shards(path: str | Path, model: nn.Module, optimizer: torch.optim.Optim
             raised on every rank.
     """
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
@@ -70,12 +71,10 @@ def save_shards(path: str | Path, model: nn.Module, optimizer: torch.optim.Optim
             dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=writer, no_dist=_no_dist())
     except OSError:
         raise
-    except Exception as e:  # noqa: BLE001 - DCP reports any rank's failure as CheckpointException
-        if type(e).__name__ != "CheckpointException":
-            raise
-        text = " ".join(str(e).split())
+    except CheckpointException as e:  # any rank's failure, raised on every rank
+        text = _cause(e)
         code = errno.ENOSPC if any(k in text.lower() for k in _NO_SPACE) else errno.EIO
-        raise OSError(code, f"{os.strerror(code)} (sharded save: {text[:300]})", str(path)) from e
+        raise OSError(code, f"{os.strerror(code)} (sharded save, {text})", str(path)) from None
 
 
 def load_shards(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -110,19 +109,23 @@ def load_model_shards(path: str | Path, model: nn.Module) -> None:
     model.load_state_dict(state["model"], strict=True)
 
 
-class _as_value_error:
+def _cause(exc: BaseException) -> str:
+    """One line for what failed: the first rank's exception inside DCP's ``CheckpointException``."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        rank, wrapped = next(iter(failures.items()))
+        inner = wrapped[0] if isinstance(wrapped, tuple) else wrapped
+        return f"rank {rank}: {type(inner).__name__}: {' '.join(str(inner).split())[:200]}"
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+
+
+@contextlib.contextmanager
+def _as_value_error(path: str | Path) -> Iterator[None]:
     """Re-raise DCP's failures to read ``path`` as one ``ValueError`` naming it."""
+    from torch.distributed.checkpoint.api import CheckpointException
 
-    def __init__(self, path: str | Path):
-        self.path = str(path)
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, exc, tb) -> bool:
-        if exc is None or not isinstance(exc, Exception):
-            return False
-        text = " ".join(str(exc).split())[:300]
-        raise ValueError(f"sharded checkpoint {self.path!r} is unreadable or does not match the model built "
-                         f"from the run's config ({type(exc).__name__}: {text})") from None
-
+    try:
+        yield
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - CheckpointException is a BaseException
+        raise ValueError(f"sharded checkpoint {str(path)!r} is unreadable or does not match the model built "
+                         f"from the run's config ({_cause(e)})") from None
