@@ -295,16 +295,31 @@ if info.is_main:
 info.barrier()
 ckpt.save_sharded_checkpoint(out, model, opt, 1, None, torch.Generator(), is_main=info.is_main,
                              broadcast=info.broadcast)
-full = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in model.state_dict().items()}
+full = lambda m: {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+                  for k, v in m.state_dict().items()}
+saved = full(model)
+# resume on the 2 ranks: a fresh model and optimizer take the shards; one more step on both
+torch.manual_seed(1)
+again = build_model(cfg.model)
+_, fwd_again = parallelize(again, info)
+opt_again = build_optimizer(again, cfg.train)
+ckpt.restore_train_state(again, opt_again, torch.Generator(), ckpt.load_train_state(out), ckpt.checkpoint_dir(out))
+for f, m, o in ((fwd, model, opt), (fwd_again, again, opt_again)):
+    o.zero_grad(set_to_none=True)
+    f(x, x)[1].backward()
+    dist.reduce_replicated_grads(m, info)
+    o.step()
+states = {"saved": saved, "continued": full(model), "resumed": full(again)}  # (full_tensor: every rank)
 if info.is_main:
-    torch.save(full, out.parent / "reference.pt")
+    torch.save(states, out.parent / "reference.pt")
 dist.shutdown(info)
 """
 
 
-def test_a_sharded_checkpoint_without_export_loads_in_one_process(data_dir, tmp_path, capsys):
-    """What a killed FSDP2 run leaves (shards, no model.safetensors) is what load_run and
-    sample use, consolidated without a process group: the weights the 2 ranks held."""
+def test_a_sharded_checkpoint_resumes_on_two_ranks_and_loads_in_one_process(data_dir, tmp_path, capsys):
+    """What a killed FSDP2 run leaves (shards, no model.safetensors) resumes on 2 ranks (the
+    next step equals the saving ranks' own) and is what load_run and sample use, consolidated
+    without a process group: the weights the 2 ranks held."""
     script = tmp_path / "save.py"
     script.write_text(SHARDED_SAVE)
     out = tmp_path / "run"
@@ -316,10 +331,14 @@ def test_a_sharded_checkpoint_without_export_loads_in_one_process(data_dir, tmp_
     assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert not (folder / "model.safetensors").exists() and not (out / "model.safetensors").exists()
     model, _, _ = load_run(out)
-    reference = torch.load(tmp_path / "reference.pt", weights_only=True)
+    runs = torch.load(tmp_path / "reference.pt", weights_only=True)
+    reference = runs["saved"]
     assert reference.keys() == model.state_dict().keys()
     for name, t in model.state_dict().items():
         assert torch.equal(t, reference[name]), name
+        # the ranks resumed from the shards (weights and AdamW state) step exactly as the saving ones
+        assert torch.equal(runs["resumed"][name], runs["continued"][name]), name
+    assert all(not torch.equal(runs["continued"][k], reference[k]) for k, _ in model.named_parameters())
     from energyformer.cli import main
 
     assert main(["sample", str(out), "--max_new_tokens", "5", "--seed", "0", "--device", "cpu"]) == 0
