@@ -21,6 +21,12 @@ directory's lock (``energyformer.runs.rundir.lock_run_dir``).
 Run directories of format 1 (the weights and train state at the top level, listed by the
 marker) are still found, loaded and resumed.
 
+Sharded checkpoints (FSDP2 runs, ``train.fsdp_checkpoint: sharded``; :func:`save_sharded_checkpoint`)
+hold ``dcp/`` (every rank's shards of the model and optimizer state, ``torch.distributed.checkpoint``)
+and ``train_state.pt`` instead of the weights file, and the marker lists ``dcp/.metadata``; the last
+checkpoint of a finished run adds ``model.safetensors`` (the single-file export). They are
+written, committed and cleaned the same way.
+
 The optimizer state is saved with parameter names as keys
 (``torch.distributed.checkpoint.state_dict``, full state dict), so a checkpoint written by a
 single process, DDP or FSDP2 resumes under any of them.
@@ -32,16 +38,18 @@ import errno
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn as nn
 
-from energyformer.runs.layout import CHECKPOINTS_DIR, CONFIG_FILE, MARKER_FILE, META_FILE, STATE_FILE, WEIGHTS_FILE
+from energyformer.runs import sharded
+from energyformer.runs.layout import (CHECKPOINTS_DIR, CONFIG_FILE, MARKER_FILE, META_FILE, SHARDS_DIR, STATE_FILE,
+                                       WEIGHTS_FILE)
 from energyformer.runs.rng import rng_state, set_rng_state
-from energyformer.runs.weights import load_weights, write_weights_file
+from energyformer.runs.weights import load_weights, unwrap_model, write_weights_file
 from energyformer.utils.io import atomic_write_json, temp_path_for, usual_mode
 
 FORMAT_VERSION = 2
@@ -82,6 +90,68 @@ def save_checkpoint(out_dir: str | Path, model: nn.Module, optimizer: torch.opti
     root = out_dir / CHECKPOINTS_DIR
     root.mkdir(parents=True, exist_ok=True)
     opt_state = optimizer if isinstance(optimizer, dict) else optimizer_state(model, optimizer)
+    state = _train_state(opt_state, step, best_val_loss, data_generator, extra, rng_ranks)
+    tmp = Path(_make_temp_dir(root, step))
+    return _commit_staged(out_dir, tmp, step, state, data,
+                          lambda: _stage(tmp, model, state, step, model_state))
+
+
+def save_sharded_checkpoint(out_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, step: int,
+                            best_val_loss: float | None, data_generator: torch.Generator, *,
+                            extra: dict[str, Any] | None = None, data: dict[str, Any] | None = None,
+                            rng_ranks: list[dict[str, Any]] | None = None, export: bool = False,
+                            model_state: dict[str, torch.Tensor] | None = None, is_main: bool = True,
+                            broadcast: Callable[[Any], Any] = lambda obj: obj) -> Path | None:
+    """Write a sharded checkpoint of ``step`` (every rank calls); rank 0 commits it and returns the
+    marker path (the other ranks: ``None``).
+
+    The model and optimizer state go through ``torch.distributed.checkpoint``
+    (:mod:`energyformer.runs.sharded`: each rank its own shards, no gather) into
+    ``checkpoints/step-N/dcp/`` of the same temporary folder as :func:`save_checkpoint`'s;
+    rank 0 adds ``train_state.pt`` (``"optimizer": None, "sharded": True``; the rest as there)
+    and commits exactly as :func:`save_checkpoint` does. Without ``export`` the step folder
+    holds no ``model.safetensors`` (and the top-level link is removed after the commit;
+    :func:`load_checkpoint_weights` consolidates the shards); with it rank 0 also writes
+    ``model_state`` (the gathered full state, default ``model.state_dict()``) as that file, the
+    single-file export of a finished run.
+
+    Args (the others as :func:`save_checkpoint`):
+        is_main: whether this is rank 0 (it creates, stages and commits the folder).
+        broadcast: rank 0's object on every rank (``DistInfo.broadcast``; one process: identity).
+
+    Raises:
+        OSError: a rank could not write (on that rank, and on every rank for a shard); the
+            previous checkpoint stays committed.
+    """
+    out_dir = Path(out_dir)
+    root = out_dir / CHECKPOINTS_DIR
+    made: str | OSError = ""
+    if is_main:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            made = _make_temp_dir(root, step)
+        except OSError as e:
+            made = OSError(e.errno, e.strerror, e.filename)
+    made = broadcast(made)
+    if isinstance(made, OSError):
+        raise made
+    tmp = Path(made)
+    try:
+        sharded.save_shards(tmp / SHARDS_DIR, model, optimizer)
+    except BaseException:
+        if is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if not is_main:
+        return None
+    state = {**_train_state(None, step, best_val_loss, data_generator, extra, rng_ranks), "sharded": True}
+    return _commit_staged(out_dir, tmp, step, state, data,
+                          lambda: _stage(tmp, model, state, step, model_state, weights=export))
+
+
+def _train_state(opt_state: dict[str, Any] | None, step: int, best_val_loss: float | None,
+                 data_generator: torch.Generator, extra: dict[str, Any] | None,
+                 rng_ranks: list[dict[str, Any]] | None) -> dict[str, Any]:
     state = {
         "format_version": FORMAT_VERSION,
         "step": int(step),
@@ -93,17 +163,23 @@ def save_checkpoint(out_dir: str | Path, model: nn.Module, optimizer: torch.opti
     }
     if rng_ranks is not None:
         state["rng_ranks"] = rng_ranks
-    tmp = Path(_make_temp_dir(root, step))
+    return state
+
+
+def _commit_staged(out_dir: Path, tmp: Path, step: int, state: dict[str, Any], data: dict[str, Any] | None,
+                   stage: Callable[[], list[str]]) -> Path:
+    """Stage the folder ``tmp`` (``stage`` returns the names of its files), rename it to its step
+    name, commit the marker, re-link the top-level weights and remove the other step folders."""
+    root = tmp.parent
     try:
-        _stage(tmp, model, state, step, model_state)
+        names = stage()
         final = _publish(root, tmp, step, find_checkpoint(out_dir))
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     rel = final.relative_to(out_dir).as_posix()
     marker = {"format_version": FORMAT_VERSION, "step": int(step), "best_val_loss": state["best_val_loss"],
-              "dir": rel, "files": [CONFIG_FILE, META_FILE, f"{rel}/{WEIGHTS_FILE}", f"{rel}/{STATE_FILE}"],
-              "data": data}
+              "dir": rel, "files": [CONFIG_FILE, META_FILE, *(f"{rel}/{name}" for name in names)], "data": data}
     path = _commit(out_dir, marker)
     _link_weights(out_dir, final)
     _remove_other_checkpoints(root, keep=final)
@@ -131,23 +207,30 @@ def _make_temp_dir(root: Path, step: int) -> str:
 
 
 def _stage(tmp: Path, model: nn.Module, state: dict[str, Any], step: int,
-           model_state: dict[str, torch.Tensor] | None) -> None:
-    """Write weights and train state into the temporary folder and flush both to disk.
+           model_state: dict[str, torch.Tensor] | None, weights: bool = True) -> list[str]:
+    """Write the weights (unless not ``weights``) and the train state into the temporary folder
+    and flush them (and DCP shards already there) to disk; returns the names the marker lists.
 
     Raises:
         OSError: a writer failed (safetensors and ``torch.save`` report a full disk as their own
             error types; they are raised as ``OSError``, ``ENOSPC`` when the message says so).
     """
-    with _as_os_error(tmp / WEIGHTS_FILE):
-        write_weights_file(model, tmp / WEIGHTS_FILE, {"step": str(step)}, state_dict=model_state)
+    names = [WEIGHTS_FILE] if weights else []
+    if weights:
+        with _as_os_error(tmp / WEIGHTS_FILE):
+            write_weights_file(model, tmp / WEIGHTS_FILE, {"step": str(step)}, state_dict=model_state)
     with _as_os_error(tmp / STATE_FILE):
         torch.save(state, tmp / STATE_FILE)
-    for name in (WEIGHTS_FILE, STATE_FILE):
+    for name in (*names, STATE_FILE):
         usual_mode(tmp / name)  # safetensors writes 0600
         with open(tmp / name, "rb") as f:
             os.fsync(f.fileno())
+    if (tmp / SHARDS_DIR).is_dir():  # the shards' files were fsynced by their ranks
+        fsync_dir(tmp / SHARDS_DIR)
+        names.append(f"{SHARDS_DIR}/{sharded.METADATA_FILE}")
     usual_mode(tmp)  # mkdtemp makes 0700
     fsync_dir(tmp)
+    return [*names, STATE_FILE]
 
 
 _NO_SPACE = ("no space left", "storagefull", "code: 28", "file write failed")  # torch: "file write failed"
@@ -190,8 +273,12 @@ def _commit(out_dir: Path, marker: dict[str, Any]) -> Path:
 
 
 def _link_weights(out_dir: Path, final: Path) -> None:
-    """Point the top-level ``model.safetensors`` at the committed weights (a hard link, else a copy)."""
+    """Point the top-level ``model.safetensors`` at the committed weights (a hard link, else a
+    copy); remove it when the committed checkpoint has none (sharded, not exported)."""
     target, src = out_dir / WEIGHTS_FILE, final / WEIGHTS_FILE
+    if not src.is_file():  # a sharded checkpoint without the single-file export: no stale link
+        target.unlink(missing_ok=True)
+        return
     if target.exists() and os.path.samefile(target, src):
         return
     tmp = temp_path_for(target)
@@ -376,6 +463,9 @@ def restore_checkpoint(run_dir: str | Path, model: nn.Module, optimizer: torch.o
     ``model`` is the plain model (distributed training loads the weights before wrapping it
     and the optimizer state after, with :func:`load_weights` and :func:`restore_train_state`).
 
+    A sharded checkpoint (:func:`save_sharded_checkpoint`) loads the weights and the optimizer
+    state from its DCP shards (in one process: resharded to the plain model).
+
     Returns the train state dict (``step``, ``best_val_loss``, ``extra``...).
 
     Raises:
@@ -389,10 +479,37 @@ def restore_checkpoint(run_dir: str | Path, model: nn.Module, optimizer: torch.o
         raise FileNotFoundError(f"{str(run_dir)!r} holds no complete checkpoint (expected {MARKER_FILE} "
                                 f"listing {CONFIG_FILE}, {META_FILE}, {WEIGHTS_FILE}, {STATE_FILE})")
     state = load_train_state(run_dir)
-    metadata = load_weights(model, checkpoint_dir(run_dir, marker) / WEIGHTS_FILE)
-    check_consistent(run_dir, marker, state, metadata)
-    restore_train_state(model, optimizer, data_generator, state)
+    folder = checkpoint_dir(run_dir, marker)
+    if not is_sharded(state):
+        metadata = load_weights(model, folder / WEIGHTS_FILE)
+        check_consistent(run_dir, marker, state, metadata)
+    restore_train_state(model, optimizer, data_generator, state, folder)
     return state
+
+
+def is_sharded(state: dict[str, Any]) -> bool:
+    """Whether a train state belongs to a sharded checkpoint (:func:`save_sharded_checkpoint`)."""
+    return bool(state.get("sharded"))
+
+
+def load_checkpoint_weights(model: nn.Module, run_dir: str | Path) -> dict[str, str]:
+    """Load the committed weights of ``run_dir`` into the plain ``model``; returns their metadata.
+
+    The checkpoint's ``model.safetensors`` (of a full checkpoint, or the export of a finished
+    sharded run), else the DCP shards of a sharded checkpoint (a run still training or killed),
+    consolidated in this process without a process group
+    (:func:`energyformer.runs.sharded.load_model_shards`).
+
+    Raises:
+        FileNotFoundError: neither is there.
+        ValueError: corrupt files, or weights that do not match the model.
+    """
+    marker = find_checkpoint(run_dir)
+    folder = checkpoint_dir(run_dir, marker)
+    if not (folder / WEIGHTS_FILE).is_file() and sharded.has_shards(folder):
+        sharded.load_model_shards(folder / SHARDS_DIR, unwrap_model(model))
+        return {"step": str((marker or {}).get("step"))}
+    return load_weights(model, folder / WEIGHTS_FILE)
 
 
 def check_consistent(run_dir: Path, marker: dict[str, Any], state: dict[str, Any], metadata: dict[str, str]) -> None:
@@ -406,8 +523,19 @@ def check_consistent(run_dir: Path, marker: dict[str, Any], state: dict[str, Any
 
 
 def restore_train_state(model: nn.Module, optimizer: torch.optim.Optimizer, data_generator: torch.Generator,
-                        state: dict[str, Any]) -> None:
-    """Load the optimizer state, every RNG state and the data generator state from ``state``."""
-    load_optimizer_state(model, optimizer, state["optimizer"])
+                        state: dict[str, Any], folder: str | Path | None = None) -> None:
+    """Load the optimizer state, every RNG state and the data generator state from ``state``;
+    for a sharded checkpoint the model and optimizer state from the DCP shards in ``folder``
+    (the checkpoint's step folder; every rank calls, see :func:`energyformer.runs.sharded.load_shards`).
+
+    Raises:
+        ValueError: a sharded state without ``folder``, or shards that do not load.
+    """
+    if is_sharded(state):
+        if folder is None:
+            raise ValueError("a sharded checkpoint's train state needs its folder to load the shards from")
+        sharded.load_shards(Path(folder) / SHARDS_DIR, model, optimizer)
+    else:
+        load_optimizer_state(model, optimizer, state["optimizer"])
     set_rng_state(state["rng"])
     data_generator.set_state(state["data_generator"])

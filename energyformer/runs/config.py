@@ -47,6 +47,7 @@ IMPORTS_KEY = "imports"  # top-level recipe key: plugin modules imported before 
 LR_SCHEDULES = ("cosine", "exponential", "constant", "wsd")
 DTYPES = ("float32", "bfloat16", "auto")
 PARALLEL = ("ddp", "fsdp")
+FSDP_CHECKPOINTS = ("sharded", "full")
 # TrainConfig fields whose None default is derived from another field (kept on resume unless given)
 DERIVED_TRAIN_KEYS = ("min_lr", "lr_decay_steps", "ckpt_interval", "cooldown_steps")
 DEFAULT_OUT_DIR = "out/run"  # when there is no recipe file to name the run after
@@ -149,6 +150,10 @@ class TrainConfig:
         wandb_run_name: the W&B run name (null: the name of ``out_dir``).
         parallel: under torchrun, ``"ddp"`` (DistributedDataParallel) or ``"fsdp"`` (FSDP2
             ``fully_shard`` per layer / recurrent block); ignored by a single process.
+        fsdp_checkpoint: how FSDP2 runs checkpoint: ``"sharded"`` (every rank writes its own
+            shards of the model and optimizer state with ``torch.distributed.checkpoint``, no
+            gather; the last checkpoint adds the single-file ``model.safetensors``; docs/gpu.md)
+            or ``"full"`` (every checkpoint gathers the full state to rank 0 and writes one file).
         activation_checkpointing: recompute activations in the backward (per layer, per recurrent
             step, per CEM descent step): memory that does not grow with ``n_steps`` for about one
             extra forward of compute.
@@ -190,6 +195,7 @@ class TrainConfig:
     wandb_project: str | None = None
     wandb_run_name: str | None = None
     parallel: str = "ddp"
+    fsdp_checkpoint: str = "sharded"
     activation_checkpointing: bool = False
     deterministic: bool = False
 
@@ -245,6 +251,7 @@ class TrainConfig:
             if getattr(self, key) is not None:
                 _check_nonempty_str(f"train.{key}", getattr(self, key))
         check_choice("train.parallel", self.parallel, PARALLEL)
+        check_choice("train.fsdp_checkpoint", self.fsdp_checkpoint, FSDP_CHECKPOINTS)
         if not isinstance(self.deterministic, bool):
             raise ValueError(f"train.deterministic={self.deterministic!r} must be true or false")
 

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from energyformer.models.registry import LANGUAGE_MODELS
-from energyformer.runs.checkpoint import find_checkpoint, weights_path
+from energyformer.runs.checkpoint import find_checkpoint, load_checkpoint_weights
 from energyformer.runs.config import RunConfig, load_config, save_config
 from energyformer.runs.layout import (  # noqa: F401
     CONFIG_FILE,
@@ -43,7 +43,6 @@ from energyformer.runs.layout import (  # noqa: F401
     SUMMARY_FILE,
     WEIGHTS_FILE,
 )
-from energyformer.runs.weights import load_weights
 from energyformer.utils.io import atomic_write_json, read_json_object
 
 
@@ -247,7 +246,8 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu", *,
         falling back to the data directory's).
 
     The weights are the committed checkpoint's (``checkpoint.json``), else the top-level
-    ``model.safetensors``. The tokenizer (meta.json) is checked against the data identity the
+    ``model.safetensors``; a sharded checkpoint (an FSDP2 run still training or killed) is
+    consolidated from its DCP shards in this process, on the CPU, without a process group. The tokenizer (meta.json) is checked against the data identity the
     run recorded, so a run is never decoded with another character table.
 
     Raises:
@@ -279,7 +279,7 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu", *,
             raise ValueError(f"the meta.json found for run {str(run_dir)!r} does not match the data it was "
                              f"trained on: {change}; restore the run's meta.json or re-prepare the data it used")
     model = build_model(run_cfg.model)
-    load_weights(model, weights_path(run_dir))
+    load_checkpoint_weights(model, run_dir)
     model.to(device)
     model.eval()
     return model, run_cfg, meta

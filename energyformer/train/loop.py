@@ -133,7 +133,7 @@ def _train(run_cfg: RunConfig, info: dist.DistInfo, progress: bool | None) -> di
         loop = _Loop(run_cfg, data, info, model, optimizer, data_gen, amp=amp, say=say, t_start=t_start,
                      wrapped=wrapped, fwd=fwd, flops_per_token=flops_per_token)
         if start.state is not None:
-            loop.restore(start.state)
+            loop.restore(start.state, ckpt.checkpoint_dir(start.resume_dir))
         elif info.is_main:  # a fresh run: stale checkpoint files must never be resumed or loaded
             ckpt.delete_checkpoint(out_dir)
         if loop.step >= tc.max_steps:
@@ -249,8 +249,8 @@ def _build(run_cfg: RunConfig, start: _Start, info: dist.DistInfo) -> nn.Module:
         raise ValueError(f"the model does not fit into the memory of {device} ({type(e).__name__}); "
                          "reduce model.d_model, model.n_layers or model.vocab_size") from None
     if start.init_dir is not None:
-        load_weights(model, ckpt.weights_path(start.init_dir))
-    if start.state is not None:
+        ckpt.load_checkpoint_weights(model, start.init_dir)
+    if start.state is not None and not ckpt.is_sharded(start.state):  # shards load after parallelize
         metadata = load_weights(model, ckpt.checkpoint_dir(start.resume_dir) / rundir.WEIGHTS_FILE)
         ckpt.check_consistent(start.resume_dir, ckpt.find_checkpoint(start.resume_dir)
                               or {"step": start.state["step"]}, start.state, metadata)
@@ -284,13 +284,15 @@ class _Loop:
         self.tokens_per_step = (self.tc.batch_size * self.tc.grad_accum_steps * run_cfg.model.block_size
                                 * info.world_size)
 
-    def restore(self, state: dict[str, Any]) -> None:
-        """Continue from a checkpoint's train state: optimizer, batch stream, RNG, step, totals.
+    def restore(self, state: dict[str, Any], folder: Path) -> None:
+        """Continue from a checkpoint's train state: optimizer, batch stream, RNG, step, totals;
+        for a sharded checkpoint also the weights, from the DCP shards in ``folder`` (every
+        rank, resharded to this run's layout: any number of ranks, DDP or one process).
 
         Each rank restores its own RNG states when the number of ranks is the one saved; with
         another number the ranks reseed with ``seed + step + rank`` (distinct dropout masks, not
         the saved stream)."""
-        ckpt.restore_train_state(self.model, self.optimizer, self.data_gen, state)
+        ckpt.restore_train_state(self.model, self.optimizer, self.data_gen, state, folder)
         ranks = state.get("rng_ranks")
         if isinstance(ranks, list) and len(ranks) == self.info.world_size:
             set_rng_state(ranks[self.info.rank])
@@ -426,28 +428,39 @@ class _Loop:
                              world_size=info.world_size, all_reduce=info.all_reduce if info.enabled else None)
 
     def save(self) -> None:
-        """Write the checkpoint of this step (rank 0; under FSDP2 every rank gathers first).
+        """Write the checkpoint of this step: rank 0 writes it, under FSDP2 with
+        ``train.fsdp_checkpoint: full`` after every rank gathered the state; with ``sharded``
+        (the default) every rank writes its own shards and rank 0 commits (the last step adds
+        the single-file export ``model.safetensors``).
 
         Raises:
             CheckpointWriteError: the checkpoint could not be written (the last one is kept).
         """
         info, step = self.info, self.step
-        model_state = dist.full_model_state(self.model, info)  # FSDP2: every rank gathers
-        opt_state = ckpt.optimizer_state(self.model, self.optimizer) \
-            if (info.is_main or self.tc.parallel == "fsdp") else None
-        ranks = info.all_gather(rng_state()) if info.enabled else None
-        if info.is_main:
-            extra = {"train_loss": self.train_loss, **self.totals,
-                     "wall_s": self.totals["wall_s"] + time.perf_counter() - self.t_start}
-            try:
-                ckpt.save_checkpoint(self.out_dir, self.model, opt_state, step, self.best_val, self.data_gen,
-                                     extra=extra, data=self.data.identity, model_state=model_state,
-                                     rng_ranks=ranks)
-            except OSError as e:
-                raise CheckpointWriteError(
-                    e.errno, f"could not write the checkpoint of step {step} into {str(self.out_dir)!r}: "
-                    f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "") + ". "
-                    + _kept_msg(self.out_dir)) from None
+        extra = {"train_loss": self.train_loss, **self.totals,
+                 "wall_s": self.totals["wall_s"] + time.perf_counter() - self.t_start}
+        common = dict(extra=extra, data=self.data.identity)
+        try:
+            if info.enabled and self.tc.parallel == "fsdp" and self.tc.fsdp_checkpoint == "sharded":
+                final = step == self.tc.max_steps
+                model_state = dist.full_model_state(self.model, info) if final else None  # the export
+                ranks = info.all_gather(rng_state())
+                ckpt.save_sharded_checkpoint(self.out_dir, self.model, self.optimizer, step, self.best_val,
+                                             self.data_gen, rng_ranks=ranks, export=final, model_state=model_state,
+                                             is_main=info.is_main, broadcast=info.broadcast, **common)
+            else:
+                model_state = dist.full_model_state(self.model, info)  # FSDP2: every rank gathers
+                opt_state = ckpt.optimizer_state(self.model, self.optimizer) \
+                    if (info.is_main or self.tc.parallel == "fsdp") else None
+                ranks = info.all_gather(rng_state()) if info.enabled else None
+                if info.is_main:
+                    ckpt.save_checkpoint(self.out_dir, self.model, opt_state, step, self.best_val, self.data_gen,
+                                         model_state=model_state, rng_ranks=ranks, **common)
+        except OSError as e:
+            raise CheckpointWriteError(
+                e.errno, f"could not write the checkpoint of step {step} into {str(self.out_dir)!r}: "
+                f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "") + ". "
+                + _kept_msg(self.out_dir)) from None
         info.barrier()
 
     def summary(self, resumed: bool) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import torch
 from energyformer.models.registry import build_model
 from energyformer.runs import checkpoint as ckpt
 from energyformer.runs import rundir
+from energyformer.runs import sharded
 from energyformer.runs.config import DERIVED_TRAIN_KEYS, RunConfig, TrainConfig
 from energyformer.train import distributed as dist
 
@@ -170,7 +171,7 @@ def check_init_from(init_dir: Path, run_cfg: RunConfig, meta: dict[str, Any], ou
     except FileNotFoundError as e:
         raise FileNotFoundError(f"train.init_from={str(init_dir)!r}: {e}") from None
     weights = ckpt.weights_path(init_dir)
-    if not weights.is_file():
+    if not weights.is_file() and not sharded.has_shards(weights.parent):
         raise FileNotFoundError(f"train.init_from={str(init_dir)!r}: no weights there ({str(weights)!r} not found)")
     a, b = saved.model.to_dict(), run_cfg.model.to_dict()
     diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if k != "dropout" and a.get(k) != b.get(k)}

@@ -142,6 +142,8 @@ CLI_CASES = [
     ("device-unknown", lambda c: c.train("--train.device", "tpu"), r"train\.device='tpu' is not valid"),
     ("parallel-unknown", lambda c: c.train("--train.parallel", "mpi"),
      r"train\.parallel='mpi' is not valid; expected one of 'ddp', 'fsdp'"),
+    ("fsdp-checkpoint-unknown", lambda c: c.train("--train.fsdp_checkpoint", "gathered"),
+     r"train\.fsdp_checkpoint='gathered' is not valid; expected one of 'sharded', 'full'"),
     # inf/nan are numbers, just not finite ones: the message says the range expected
     ("learning-rate-inf", lambda c: c.train("--train.learning_rate", "inf"),
      r"train\.learning_rate=inf must be a finite number > 0\.0$"),

@@ -315,3 +315,34 @@ def test_checkpoint_files_get_the_umask_mode_not_0600(tmp_path):
     for path in (folder / "model.safetensors", folder / "train_state.pt", tmp_path / "model.safetensors",
                  tmp_path / "checkpoint.json"):
         assert (path.stat().st_mode & 0o777) == 0o644, (path, oct(path.stat().st_mode))
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_a_sharded_checkpoint_loads_and_resumes_in_one_process(tmp_path, tie):
+    """The DCP folder of a sharded save (here written by one process) gives load_run the saved
+    weights (tied ones too) and restore_checkpoint the optimizer state; no weights file is left."""
+    model, opt, gen = write_checkpoint(tmp_path, tie_embeddings=tie)
+    checkpoint.save_sharded_checkpoint(tmp_path, model, opt, 4, 1.0, gen)
+    folder = checkpoint.checkpoint_dir(tmp_path)
+    assert not (tmp_path / "model.safetensors").exists() and not (folder / "model.safetensors").exists()
+    rel = f"checkpoints/{folder.name}"
+    assert checkpoint.find_checkpoint(tmp_path)["files"][2:] == [f"{rel}/dcp/.metadata", f"{rel}/train_state.pt"]
+    loaded, _, _ = rundir.load_run(tmp_path)
+    for name, t in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], t), name
+    fresh = build_model(run_cfg(tmp_path, tie_embeddings=tie).model)
+    fresh_opt = build_optimizer(fresh, run_cfg(tmp_path).train)
+    state = checkpoint.restore_checkpoint(tmp_path, fresh, fresh_opt, torch.Generator())
+    assert state["step"] == 4 and state["optimizer"] is None
+    for (name, p), q in zip(model.named_parameters(), fresh.parameters()):
+        torch.testing.assert_close(fresh_opt.state[q]["exp_avg"], opt.state[p]["exp_avg"], rtol=0, atol=0, msg=name)
+
+
+def test_corrupt_shards_are_one_error_naming_the_folder(tmp_path):
+    model, opt, gen = write_checkpoint(tmp_path)
+    checkpoint.save_sharded_checkpoint(tmp_path, model, opt, 4, 1.0, gen)
+    shard = checkpoint.checkpoint_dir(tmp_path) / "dcp" / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(ValueError, match=r"sharded checkpoint '.*dcp' is unreadable or does not match") as e:
+        rundir.load_run(tmp_path)
+    assert "\n" not in str(e.value)

@@ -8,8 +8,11 @@ saves again and a simulated crash (a ``BaseException`` raised by the hook, which
 operation) stops the save just before that operation; every later file operation is refused as
 well (a killed process performs none). Training's start (``clean_orphans``) and resume
 (``restore_checkpoint``) must then find the old or the new checkpoint, with the weights of its
-step, and a next save must commit.
+step, and a next save must commit. The same holds for the sharded save of FSDP2 runs
+(``save_sharded_checkpoint``: DCP shards, here written by one process), with and without its
+single-file export, and for a crash from a full checkpoint to a sharded one.
 """
+import os
 import sys
 
 import pytest
@@ -70,9 +73,16 @@ def _weights(model):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _committed_then_save(out_dir, new_step, crash_at):
+def _save(kind, out_dir, model, opt, step, best, gen):
+    if kind == "full":
+        return checkpoint.save_checkpoint(out_dir, model, opt, step, best, gen)
+    return checkpoint.save_sharded_checkpoint(out_dir, model, opt, step, best, gen, export=kind == "sharded+export")
+
+
+def _committed_then_save(out_dir, new_step, crash_at, kinds=("full", "full")):
     """Commit step 3, train a step, save ``new_step`` with a crash before operation ``crash_at``
-    (None: no crash); returns ``{step: [weights]}`` of both saves and the recorded events."""
+    (None: no crash); returns ``{step: [weights]}`` of both saves and the recorded events.
+    ``kinds``: how the two saves are written (``full``, ``sharded``, ``sharded+export``)."""
     from energyformer.runs import rundir
 
     cfg, model, opt = _setup(out_dir)
@@ -80,13 +90,13 @@ def _committed_then_save(out_dir, new_step, crash_at):
     _train_step(model, opt)
     rundir.write_run_files(out_dir, cfg, {"format_version": 1, "tokenizer": "char", "vocab_size": 11,
                                           "chars": list("abcdefghijk"), "n_train": 100, "n_val": 10})
-    checkpoint.save_checkpoint(out_dir, model, opt, 3, 1.5, gen)
+    _save(kinds[0], out_dir, model, opt, 3, 1.5, gen)
     expected = {3: [_weights(model)]}
     _train_step(model, opt)
     expected.setdefault(new_step, []).append(_weights(model))  # a re-save of step 3: either weights
     HOOK.arm(crash_at)
     try:
-        checkpoint.save_checkpoint(out_dir, model, opt, new_step, 1.25, gen)
+        _save(kinds[1], out_dir, model, opt, new_step, 1.25, gen)
     except SimulatedCrash:
         pass
     finally:
@@ -95,7 +105,7 @@ def _committed_then_save(out_dir, new_step, crash_at):
     return expected, list(HOOK.events)
 
 
-def _check_resumable(out_dir, expected):
+def _check_resumable(out_dir, expected, kinds=("full", "full")):
     checkpoint.clean_orphans(out_dir)  # what training does on start, under the run dir's lock
     marker = checkpoint.find_checkpoint(out_dir)
     assert marker is not None, f"no complete checkpoint left: {sorted(p.name for p in out_dir.rglob('*'))}"
@@ -106,22 +116,33 @@ def _check_resumable(out_dir, expected):
     loaded = model.state_dict()
     assert any(all(torch.equal(loaded[k], v) for k, v in weights.items()) for weights in expected[step]), \
         f"the weights of step {step} are not the ones saved at that step"
+    _, plain, _ = _setup(out_dir)  # what load_run reads: the export, the shards or the full file
+    checkpoint.load_checkpoint_weights(plain, out_dir)
+    assert all(torch.equal(plain.state_dict()[k], v) for k, v in loaded.items())
+    top = out_dir / "model.safetensors"  # the top-level link is the committed weights or absent
+    folder = checkpoint.checkpoint_dir(out_dir)
+    assert (top.exists() and os.path.samefile(top, folder / "model.safetensors")) or \
+        (not top.exists() and not (folder / "model.safetensors").exists())
     # the next save commits, and its folder is the only one left
-    checkpoint.save_checkpoint(out_dir, model, opt, 9, None, torch.Generator())
+    _save(kinds[1], out_dir, model, opt, 9, None, torch.Generator())
     assert checkpoint.find_checkpoint(out_dir)["step"] == 9
     assert [p.name for p in (out_dir / "checkpoints").iterdir()] == ["step-00000009"]
 
 
-@pytest.mark.parametrize("new_step", [4, 3], ids=["next step", "same step again"])
-def test_a_crash_before_every_rename_and_unlink_of_a_save_is_resumable(tmp_path, new_step):
-    _, events = _committed_then_save(tmp_path / "record", new_step, None)
-    kinds = {e for e, _ in events}
-    assert {"os.rename", "os.remove", "shutil.rmtree"} <= kinds, events  # (os.replace audits as os.rename)
+@pytest.mark.parametrize("new_step,kinds", [(4, ("full", "full")), (3, ("full", "full")),
+                                            (4, ("sharded", "sharded")), (3, ("sharded", "sharded+export")),
+                                            (4, ("full", "sharded"))],
+                         ids=["next step", "same step again", "sharded", "sharded, same step, export",
+                              "full then sharded"])
+def test_a_crash_before_every_rename_and_unlink_of_a_save_is_resumable(tmp_path, new_step, kinds):
+    _, events = _committed_then_save(tmp_path / "record", new_step, None, kinds)
+    seen_kinds = {e for e, _ in events}
+    assert {"os.rename", "os.remove", "shutil.rmtree"} <= seen_kinds, events  # (os.replace audits as os.rename)
     for k, (event, args) in enumerate(events):
         out_dir = tmp_path / f"crash-{k}"
-        expected, seen = _committed_then_save(out_dir, new_step, k)
+        expected, seen = _committed_then_save(out_dir, new_step, k, kinds)
         assert [e for e, _ in seen] == [e for e, _ in events[:k + 1]]
         try:
-            _check_resumable(out_dir, expected)
+            _check_resumable(out_dir, expected, kinds)
         except AssertionError as e:
             raise AssertionError(f"crash before operation {k} of {len(events)} ({event} {args}): {e}") from None

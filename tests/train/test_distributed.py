@@ -7,9 +7,14 @@
 - killing one rank stops the job with a message and leaves the last complete checkpoint intact;
 - a user error that every rank meets is printed once, not once per rank;
 - the gradients after one backward and the weights after one SGD step (an update proportional
-  to the gradient, unlike AdamW's) are equal on 1 and 2 ranks, DDP and FSDP2.
+  to the gradient, unlike AdamW's) are equal on 1 and 2 ranks, DDP and FSDP2;
+- FSDP2's sharded checkpoints (``train.fsdp_checkpoint: sharded``): each rank writes its own DCP
+  shards, N/2 steps + resume for N/2 equals N steps (and equals ``full`` checkpoints), the shards
+  of 2 ranks resume in one process, and a checkpoint without the single-file export (a run
+  still training or killed) loads in one process without a process group (``load_run``, ``sample``).
 """
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -230,3 +235,111 @@ def test_gradients_and_an_sgd_step_equal_across_one_and_two_ranks(tmp_path, para
         for name, t in runs[1][kind].items():
             assert t.abs().max() > 0 or kind == "params", name
             torch.testing.assert_close(runs[2][kind][name], t, atol=1e-6, rtol=1e-5, msg=f"{kind} {name}")
+
+
+def _shards(run_dir):
+    folder = run_dir / find_checkpoint(run_dir)["dir"]
+    return folder, sorted(p.name for p in (folder / "dcp").iterdir()) if (folder / "dcp").is_dir() else []
+
+
+@pytest.mark.slow
+def test_fsdp2_sharded_checkpoints_resume_exactly_also_in_one_process(data_dir, tmp_path):
+    r = recipe(tmp_path, data_dir, GPT, max_steps=4, eval_interval=2, ckpt_interval=2)
+    whole, half = tmp_path / "whole", tmp_path / "half"
+    res = torchrun(r, "--train.out_dir", str(whole), "--train.parallel", "fsdp", "--train.fsdp_checkpoint", "full")
+    assert res.returncode == 0, res.stderr[-3000:]
+    folder, shards = _shards(whole)
+    assert shards == [] and (folder / "model.safetensors").is_file()  # full: today's single file
+    res = torchrun(r, "--train.out_dir", str(half), "--train.parallel", "fsdp", "--train.max_steps", "2",
+                   "--train.lr_decay_steps", "4")
+    assert res.returncode == 0, res.stderr[-3000:]
+    folder, shards = _shards(half)
+    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]  # every rank wrote its own shards
+    assert torch.load(folder / "train_state.pt", weights_only=True)["optimizer"] is None  # nothing gathered
+    assert os.path.samefile(half / "model.safetensors", folder / "model.safetensors")  # the finished run's export
+    shutil.copytree(half, tmp_path / "one")
+    res = torchrun(r, "--train.out_dir", str(half), "--train.parallel", "fsdp")  # resumed from the shards
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resuming from" in res.stdout + res.stderr
+    assert_same_run(whole, half, atol=0)
+    # DCP reshards: the 2 ranks' shards resume in one process (2x accumulation: the same windows)
+    res = single(r, "--train.out_dir", str(tmp_path / "one"), "--train.grad_accum_steps", "2")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert_same_run(whole, tmp_path / "one")
+
+
+SHARDED_SAVE = r"""
+import json, sys, torch
+from pathlib import Path
+from energyformer.models.registry import build_model
+from energyformer.runs import checkpoint as ckpt, rundir
+from energyformer.runs.config import load_config
+from energyformer.train import distributed as dist
+from energyformer.train.optim import build_optimizer
+from energyformer.train.parallelize import parallelize
+out, data_dir = Path(sys.argv[1]), Path(sys.argv[2])
+meta = json.loads((data_dir / "meta.json").read_text())
+model_cfg = dict(arch="gpt", vocab_size=meta["vocab_size"], block_size=16, d_model=32, n_layers=2, n_heads=2)
+cfg = load_config({"model": model_cfg, "data": {"data_dir": str(data_dir)}, "train": {"out_dir": str(out)}})
+torch.manual_seed(0)
+model = build_model(cfg.model)
+info = dist.init_distributed("cpu", "fsdp")
+wrapped, fwd = parallelize(model, info)
+opt = build_optimizer(model, cfg.train)
+x = torch.randint(0, meta["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(info.rank))
+fwd(x, x)[1].backward()
+dist.reduce_replicated_grads(model, info)
+opt.step()
+if info.is_main:
+    rundir.write_run_files(out, cfg, meta)
+info.barrier()
+ckpt.save_sharded_checkpoint(out, model, opt, 1, None, torch.Generator(), is_main=info.is_main,
+                             broadcast=info.broadcast)
+full = lambda m: {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+                  for k, v in m.state_dict().items()}
+saved = full(model)
+# resume on the 2 ranks: a fresh model and optimizer take the shards; one more step on both
+torch.manual_seed(1)
+again = build_model(cfg.model)
+_, fwd_again = parallelize(again, info)
+opt_again = build_optimizer(again, cfg.train)
+ckpt.restore_train_state(again, opt_again, torch.Generator(), ckpt.load_train_state(out), ckpt.checkpoint_dir(out))
+for f, m, o in ((fwd, model, opt), (fwd_again, again, opt_again)):
+    o.zero_grad(set_to_none=True)
+    f(x, x)[1].backward()
+    dist.reduce_replicated_grads(m, info)
+    o.step()
+states = {"saved": saved, "continued": full(model), "resumed": full(again)}  # (full_tensor: every rank)
+if info.is_main:
+    torch.save(states, out.parent / "reference.pt")
+dist.shutdown(info)
+"""
+
+
+def test_a_sharded_checkpoint_resumes_on_two_ranks_and_loads_in_one_process(data_dir, tmp_path, capsys):
+    """What a killed FSDP2 run leaves (shards, no model.safetensors) resumes on 2 ranks (the
+    next step equals the saving ranks' own) and is what load_run and sample use, consolidated
+    without a process group: the weights the 2 ranks held."""
+    script = tmp_path / "save.py"
+    script.write_text(SHARDED_SAVE)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+           str(out), str(data_dir)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env())
+    assert res.returncode == 0, res.stderr[-3000:]
+    folder, shards = _shards(out)
+    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert not (folder / "model.safetensors").exists() and not (out / "model.safetensors").exists()
+    model, _, _ = load_run(out)
+    runs = torch.load(tmp_path / "reference.pt", weights_only=True)
+    reference = runs["saved"]
+    assert reference.keys() == model.state_dict().keys()
+    for name, t in model.state_dict().items():
+        assert torch.equal(t, reference[name]), name
+        # the ranks resumed from the shards (weights and AdamW state) step exactly as the saving ones
+        assert torch.equal(runs["resumed"][name], runs["continued"][name]), name
+    assert all(not torch.equal(runs["continued"][k], reference[k]) for k, _ in model.named_parameters())
+    from energyformer.cli import main
+
+    assert main(["sample", str(out), "--max_new_tokens", "5", "--seed", "0", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.strip()
