@@ -71,15 +71,19 @@ def val_loss(model: Any, data_dir: str | Path, tokenizer: Any, batch_size: int =
         ``{"loss", "perplexity", "bits_per_token", "bits_per_byte", "tokens", "bytes"}``.
 
     Raises:
-        FileNotFoundError: no ``val.bin`` in ``data_dir``. ValueError: a split shorter than 2 tokens.
+        FileNotFoundError: no ``val.bin`` or ``meta.json`` in ``data_dir``. ValueError: a split shorter
+            than 2 tokens, or a ``val.bin`` whose size disagrees with ``meta.json`` (see
+            :func:`energyformer.data.load_split`: the token dtype, uint16 or uint32, is the corpus').
     """
+    from energyformer.data import load_split
+
+    try:  # the dtype (uint16 / uint32) and the size come from the corpus' meta.json
+        split = load_split(data_dir, "val")
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"val_loss needs the run's prepared data (data directory {str(data_dir)!r}): {e}"
+                                ) from None
     path = Path(data_dir) / "val.bin"
-    if not path.is_file():
-        raise FileNotFoundError(f"{str(path)!r} not found: val_loss needs the run's prepared data "
-                                f"(data directory {str(data_dir)!r})")
-    data = np.fromfile(path, dtype=np.uint16).astype(np.int64)
-    if max_tokens is not None:
-        data = data[:max_tokens + 1]
+    data = np.asarray(split if max_tokens is None else split[:max_tokens + 1], dtype=np.int64)
     if len(data) < 2:
         raise ValueError(f"{str(path)!r} holds {len(data)} tokens; val_loss needs at least 2")
     block = model.config.block_size

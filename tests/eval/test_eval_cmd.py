@@ -98,6 +98,23 @@ def test_val_loss_equals_cross_entropy_by_hand(tmp_path):
     assert got["bits_per_byte"] == pytest.approx(got["bits_per_token"])  # one ASCII byte per character
 
 
+def test_val_loss_reads_a_uint32_corpus_by_its_meta_dtype(tmp_path):
+    """``prepare hf`` writes uint32 tokens for big vocabularies: val_loss reads the dtype meta.json
+    names (read as uint16, each id would be two tokens and the count double)."""
+    data = make_data(tmp_path / "data")
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    for split in ("train", "val"):
+        np.fromfile(data / f"{split}.bin", dtype=np.uint16).astype(np.uint32).tofile(wide / f"{split}.bin")
+    (wide / "meta.json").write_text(json.dumps({**json.loads((data / "meta.json").read_text()), "dtype": "uint32"}))
+    model = load_run(make_run(tmp_path / "run", {"arch": "gpt"}, data_dir=data))[0]
+    narrow, got = (val_loss(model, d, CharTokenizer(CHARS), batch_size=3) for d in (data, wide))
+    assert got == narrow
+    (wide / "val.bin").unlink()
+    with pytest.raises(FileNotFoundError, match="val_loss needs the run's prepared data .*val.bin not found"):
+        val_loss(model, wide, CharTokenizer(CHARS))
+
+
 def test_eval_command_writes_json_and_markdown(tmp_path, capsys):
     data = make_data(tmp_path / "data")
     run = make_run(tmp_path / "run", {"arch": "nrgpt"}, data_dir=data)
