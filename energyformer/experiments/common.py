@@ -50,7 +50,6 @@ from energyformer.utils.bundled import recipes_dir
 from energyformer.utils.io import atomic_write_json, atomic_write_text
 
 
-
 def recipe_path(recipe: str) -> Path:
     """The bundled recipe ``recipe`` (e.g. ``shakespeare_char/nrgpt.yaml``): experiments are defined as
     bundled recipes + overrides, read where ``energyformer train`` finds them
@@ -147,7 +146,8 @@ class Context:
 
 def resolve(ctx: Context, recipe: str, *overrides: Mapping[str, Any], data: Mapping[str, Any] | None = None,
             swept: Sequence[str] = ()) -> dict[str, Any]:
-    """The run config of the bundled recipe ``recipe`` (:func:`recipe_path`) with ``overrides`` merged in order (later wins).
+    """The run config of the bundled recipe ``recipe`` (:func:`recipe_path`) with ``overrides``
+    merged in order (later wins).
 
     ``data`` replaces the recipe's data section (quick mode: the experiment's tiny data); else the
     recipe's dataset is read from ``ctx.data_root``. In quick mode :data:`QUICK` is merged last
@@ -638,5 +638,6 @@ def char_data(ctx: Context, dataset: str = "shakespeare_char") -> dict[str, Any]
 __all__ = ["Context", "QUICK", "char_data", "convergence", "count_floors", "floors_table", "converged_cell",
            "finish_axes",
            "lr_sweep", "markdown_table", "mean_std", "plot_learning_curves", "pm", "pyplot", "quick_text",
-           "recipe_path", "record_dir", "resolve", "same_config", "save_figure", "schedule", "sweep_table", "train_or_resume",
+           "recipe_path", "record_dir", "resolve", "same_config", "save_figure", "schedule", "sweep_table",
+           "train_or_resume",
            "val_curve", "write_results"]
