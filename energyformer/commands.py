@@ -450,24 +450,29 @@ def export(run_dir: str, to: str | None = None, as_: str = "energyformer", verbo
     return export_run(run_dir, out, as_=as_, progress=verbose)
 
 
-def import_hf(hf_dir: str, out: str | None = None, verbose: bool = False) -> Path:
+def import_hf(hf_dir: str, out: str | None = None, verbose: bool = False, force: bool = False) -> Path:
     """Read a Hugging Face folder (stock Llama or GPT-2, or an energyformer export) into a run directory.
 
     Args:
         hf_dir: folder with config.json, the weights and tokenizer.json.
         out: run directory to write (default out/<folder name>).
         verbose: show transformers' progress bars.
+        force: overwrite a run already in the output folder (refused without it, as ``export``
+            refuses a folder that holds files).
 
     Returns:
-        the run directory.
+        the run directory (its config names no dataset: fine-tune it with --train.init_from and
+        --data.dataset).
 
     Raises:
         ValueError / FileNotFoundError: another model type, options our classes lack, a missing
-            tokenizer (see ``energyformer.hf.export.import_hf``).
+            tokenizer, an output folder that already holds files (without ``force``; see
+            ``energyformer.hf.export.import_hf``).
     """
     from energyformer.hf.export import import_hf as read_hf_folder
 
-    return read_hf_folder(hf_dir, out if out is not None else Path("out") / Path(hf_dir).name, progress=verbose)
+    return read_hf_folder(hf_dir, out if out is not None else Path("out") / Path(hf_dir).name, progress=verbose,
+                          force=force)
 
 
 def experiment(name: str, seeds: int | None = None, quick: bool = False, results_dir: str = "results",

@@ -438,3 +438,32 @@ def test_re_export_refuses_a_folder_with_files_unless_force(trained, tmp_path, c
     assert err.startswith(f"error: --to {str(out)!r} already holds files") and "--force" in err
     assert err.count("\n") == 1 and (out / "config.json").stat().st_mtime_ns == before
     assert main(["export", str(trained), "--to", str(out), "--force"]) == 0
+
+
+def test_import_hf_refuses_a_folder_with_files_unless_force_as_export_does(trained, tmp_path, capsys):
+    import shutil
+
+    from energyformer.runs.rundir import load_run
+
+    hf, back = tmp_path / "hf", tmp_path / "back"
+    assert main(["export", str(trained), "--to", str(hf)]) == 0
+    assert main(["import-hf", str(hf), "--out", str(back)]) == 0
+    before = (back / "model.safetensors").stat().st_mtime_ns
+    capsys.readouterr()
+    assert main(["import-hf", str(hf), "--out", str(back)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --out {str(back)!r} already holds files") and "--force" in err
+    assert err.count("\n") == 1 and (back / "model.safetensors").stat().st_mtime_ns == before
+    assert main(["import-hf", str(hf), "--out", str(back), "--force"]) == 0
+    # over a trained run: its checkpoints and records go (they are another model's), the import loads
+    shutil.copytree(trained, tmp_path / "run")
+    assert (tmp_path / "run" / "checkpoints").is_dir()
+    assert main(["import-hf", str(hf), "--out", str(tmp_path / "run"), "--force"]) == 0
+    assert not any((tmp_path / "run" / n).exists() for n in ("checkpoints", "metrics.jsonl", "summary.json"))
+    assert load_run(tmp_path / "run")[1].data.dataset == "none"
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "x.txt").write_text("x")
+    capsys.readouterr()
+    assert main(["import-hf", str(hf), "--out", str(tmp_path / "notes"), "--force"]) == 2
+    assert "is a non-empty folder that is not a run directory" in capsys.readouterr().err
+    assert (tmp_path / "notes" / "x.txt").read_text() == "x"
