@@ -36,13 +36,13 @@ from transformers import (
     LlamaForCausalLM,
 )
 
+from energyformer.data.meta import NO_DATASET
 from energyformer.hf.configuration import EnergyformerConfig, config_for
 from energyformer.hf.convert import from_gpt2, from_llama, to_gpt2, to_llama
 from energyformer.hf.model_card import write_model_card
 from energyformer.hf.modeling import MODEL_CLASSES
 from energyformer.hf.remote_code import auto_map, write_remote_code
 from energyformer.hf.tokenizer import char_vocab, run_tokenizer
-from energyformer.data.meta import NO_DATASET
 from energyformer.models.registry import build_model
 from energyformer.runs.checkpoint import find_checkpoint
 from energyformer.runs.config import DataConfig, RunConfig
