@@ -11,8 +11,8 @@
     energyformer experiment NAME [--seeds K] [--quick] [--profile paper]  # results/NAME/{table.md, ...}
     energyformer inspect RUN_DIR --prompt TEXT --out DIR    # energy per layer/step/term/token: JSON + PNG
     energyformer export RUN_DIR [--to DIR] [--as energyformer|llama|gpt2] [--force] [--verbose]  # a transformers folder
-    energyformer import-hf HF_DIR [--out RUN_DIR] [--verbose]                # stock Llama / GPT-2 → a run
-    energyformer eval RUN_DIR [--tasks mmlu_dev,val_loss,TASK] [--limit N] [--out REPORT.json]
+    energyformer import-hf HF_DIR [--out RUN_DIR] [--force] [--verbose]      # stock Llama / GPT-2 → a run
+    energyformer eval RUN_DIR [--tasks mmlu_dev,val_loss,TASK] [--limit N] [--out REPORT.json] [--quiet]
 
 Each command's flags are built from its function's signature and docstring
 (:class:`energyformer.runs.parser.ArgParser`: ``-`` or ``_`` in flag names, a boolean flag alone

@@ -453,24 +453,29 @@ def export(run_dir: str, to: str | None = None, as_: str = "energyformer", verbo
     return export_run(run_dir, out, as_=as_, progress=verbose)
 
 
-def import_hf(hf_dir: str, out: str | None = None, verbose: bool = False) -> Path:
+def import_hf(hf_dir: str, out: str | None = None, verbose: bool = False, force: bool = False) -> Path:
     """Read a Hugging Face folder (stock Llama or GPT-2, or an energyformer export) into a run directory.
 
     Args:
         hf_dir: folder with config.json, the weights and tokenizer.json.
         out: run directory to write (default out/<folder name>).
         verbose: show transformers' progress bars.
+        force: overwrite a run already in the output folder (refused without it, as ``export``
+            refuses a folder that holds files).
 
     Returns:
-        the run directory.
+        the run directory (its config names no dataset: fine-tune it with --train.init_from and
+        --data.dataset).
 
     Raises:
         ValueError / FileNotFoundError: another model type, options our classes lack, a missing
-            tokenizer (see ``energyformer.hf.export.import_hf``).
+            tokenizer, an output folder that already holds files (without ``force``; see
+            ``energyformer.hf.export.import_hf``).
     """
     from energyformer.hf.export import import_hf as read_hf_folder
 
-    return read_hf_folder(hf_dir, out if out is not None else Path("out") / Path(hf_dir).name, progress=verbose)
+    return read_hf_folder(hf_dir, out if out is not None else Path("out") / Path(hf_dir).name, progress=verbose,
+                          force=force)
 
 
 def experiment(name: str, seeds: int | None = None, quick: bool = False, results_dir: str = "results",
@@ -534,7 +539,7 @@ def inspect_energy(run_dir: str, prompt: str = "\n", out: str | None = None, n_s
 
 def evaluate(run_dir: str, tasks: str = "mmlu_dev,val_loss", out: str | None = None, num_fewshot: int = 4,
              batch_size: int = 8, limit: int | None = None, include_path: str | None = None, device: str = "auto",
-             n_steps: int | None = None) -> dict[str, Any]:
+             n_steps: int | None = None, quiet: bool = False) -> dict[str, Any]:
     """Evaluate a run: MMLU-format dev questions, validation loss, lm-eval tasks; a JSON + Markdown report.
 
     Args:
@@ -547,18 +552,22 @@ def evaluate(run_dir: str, tasks: str = "mmlu_dev,val_loss", out: str | None = N
         include_path: folder of extra lm-eval task YAMLs.
         device: auto (CUDA when available, else the CPU), cpu, cuda, cuda:N or mps.
         n_steps: NRGPT / recurrent GPT: descent steps at evaluation (default: as trained).
+        quiet: no progress on stderr (by default a line per task as it starts and ends, with its
+            time, and progress bars over the requests when stderr is a terminal).
 
     Returns:
         the report (printed as the Markdown table).
 
     Raises:
         ValueError / FileNotFoundError: an unknown task, an incomplete or missing run, missing data
-            (see ``energyformer.eval.suite.evaluate_run``).
+            (see ``energyformer.eval.suite.evaluate_run``); a task whose data come from the
+            Hugging Face hub while it is unreachable (set HF_HUB_OFFLINE=1 to use a cached copy).
     """
     from energyformer.eval.suite import evaluate_run
 
     return evaluate_run(run_dir, tasks, out=out, num_fewshot=num_fewshot, batch_size=batch_size, limit=limit,
-                        include_path=include_path, device=device, n_steps=n_steps)
+                        include_path=include_path, device=device, n_steps=n_steps,
+                        progress=False if quiet else None)
 
 
 def format_eval(report: dict[str, Any]) -> str:

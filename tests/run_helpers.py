@@ -56,3 +56,18 @@ def make_data(path: Path, n_chars: int = 3000, seed: int = 0) -> Path:
     ids[n:].tofile(path / "val.bin")
     (path / "meta.json").write_text(json.dumps({**char_meta(), "n_train": n, "n_val": len(ids) - n}))
     return path
+
+
+def local_task(folder: Path, docs: list[dict], name: str = "tiny_local_mc") -> Path:
+    """``folder`` holding an lm-eval multiple-choice task ``name`` over ``docs`` (``{"q", "choices",
+    "answer"}``) read from a local jsonl file (no hub); pass it as ``include_path``."""
+    import yaml
+
+    folder.mkdir(parents=True, exist_ok=True)
+    data = folder / f"{name}.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    cfg = {"task": name, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(data)}},
+           "test_split": "test", "output_type": "multiple_choice", "doc_to_text": "{{q}}",
+           "doc_to_choice": "{{choices}}", "doc_to_target": "answer", "metric_list": [{"metric": "acc"}]}
+    (folder / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
+    return folder

@@ -18,6 +18,9 @@ FORMAT_VERSION = 1
 META_FILE = "meta.json"
 DATASETS = ("shakespeare_char", "listops", "gp", "english")  # names that `energyformer prepare NAME` builds
 SPLITS = ("train", "val")
+#: the dataset a run config names when it has none: ``energyformer import-hf`` writes it (the
+#: imported model's training data are not known; a fine-tuning gives its own)
+NO_DATASET = "none"
 TOKEN_DTYPE = np.uint16  # the dtype of the token files of a vocabulary that fits it
 TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 MAX_UINT16_VOCAB = 65535  # id 65535 is kept free
@@ -45,6 +48,10 @@ def prepare_hint(data_dir: Path) -> str:
     """The ``energyformer prepare`` command that creates ``data_dir`` (for error messages)."""
     if data_dir.name in DATASETS:
         return f"run `energyformer prepare {data_dir.name}` first"
+    if data_dir.name == NO_DATASET:  # the config of an imported model
+        return ("this run config names no dataset (an `energyformer import-hf` run has no training data): "
+                "give the data to train on with --data.dataset NAME or --data.data_dir DIR, prepared with the "
+                "run's tokenizer")
     return (f"run `energyformer prepare <name>` (datasets: {', '.join(DATASETS)}) or "
             f"`energyformer prepare text --input FILE --out {data_dir}` first")
 

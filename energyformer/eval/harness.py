@@ -24,13 +24,23 @@ Choices lm-eval leaves to the model (as its ``hf`` model does, :class:`lm_eval.m
   vocabulary has one (a character model's natural "start of text"), else 0 (model argument
   ``prefix_token_id`` to change it);
 - a text with a character outside a character vocabulary is an error naming it.
+
+A task whose data come from the Hugging Face hub is checked before lm-eval loads it
+(:func:`check_hub`): without ``HF_HUB_OFFLINE=1`` and with the hub unreachable, lm-eval's
+``datasets`` retries for about 40 s before failing; here it fails at once, in one line.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import lm_eval.evaluator
@@ -39,12 +49,17 @@ import torch.nn.functional as F
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from tqdm.auto import tqdm
 
 from energyformer._validate import check_int
 from energyformer.data import load_tokenizer
 from energyformer.runs.rundir import load_run
 
 MODEL_NAME = "energyformer"
+#: ``datasets`` builders that read local files: a task naming one (``dataset_path: json``) is not hub-backed
+LOCAL_BUILDERS = frozenset({"arrow", "audiofolder", "csv", "imagefolder", "json", "pandas", "parquet", "text",
+                            "webdataset"})
+HUB_TIMEOUT_S = 3.0  # one HEAD request to the hub endpoint, at most this long
 
 
 def git_commit_hash() -> str | None:
@@ -77,6 +92,8 @@ class EnergyformerLM(TemplateLM):
         max_gen_toks: default ``max_gen_toks`` of ``generate_until``.
         prefix_token_id: the token an empty context is conditioned on (see the module docstring).
         n_steps: NRGPT / recurrent GPT: descent steps at evaluation (default: as trained).
+        progress: a tqdm bar (on stderr) over the requests of each call: ``None`` only on a
+            terminal, ``False`` never, ``True`` always (unless lm-eval passes ``disable_tqdm``).
 
     Raises:
         FileNotFoundError / ValueError: a missing or incomplete run, bad arguments.
@@ -85,7 +102,8 @@ class EnergyformerLM(TemplateLM):
     backend = "causal"
 
     def __init__(self, run: str, batch_size: int | str = 8, device: str = "auto", max_gen_toks: int = 256,
-                 prefix_token_id: int | None = None, n_steps: int | None = None, **kwargs: Any):
+                 prefix_token_id: int | None = None, n_steps: int | None = None, progress: bool | None = None,
+                 **kwargs: Any):
         super().__init__()
         from energyformer.utils.device import configure_backends, resolve_device
 
@@ -101,6 +119,7 @@ class EnergyformerLM(TemplateLM):
         self.max_gen_toks = check_int("max_gen_toks", int(max_gen_toks), 1)
         self.max_length = self.model.config.block_size
         self.vocab_limit = min(self.tokenizer.vocab_size, self.model.config.vocab_size)
+        self.progress = progress
         self.forward_kwargs = {} if n_steps is None else {"n_steps": check_int("n_steps", int(n_steps), 1)}
         if prefix_token_id is None:
             try:
@@ -126,11 +145,20 @@ class EnergyformerLM(TemplateLM):
     def tok_decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)
 
+    def loglikelihood(self, requests: list, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """lm-eval's (its "Tokenizing inputs" bar off with ``progress=False``)."""
+        return super().loglikelihood(requests, disable_tqdm=disable_tqdm or self.progress is False)
+
+    def bar(self, total: int, desc: str, disable_tqdm: bool = False) -> tqdm:
+        """The progress bar of one request type (see ``progress``), on stderr."""
+        disable = True if disable_tqdm or self.progress is False else (None if self.progress is None else False)
+        return tqdm(total=total, desc=desc, unit="req", dynamic_ncols=True, disable=disable, file=sys.stderr)
+
     @torch.no_grad()
-    def logprobs(self, sequences: list[list[int]]) -> list[torch.Tensor]:
+    def logprobs(self, sequences: list[list[int]], bar: tqdm | None = None) -> list[torch.Tensor]:
         """Log-softmax of the next-token logits ``(n_i, V)`` of each sequence (each ≤ ``block_size``
         tokens), right-padded into batches of ``batch_size`` (causal: padding after a sequence never
-        changes its logits)."""
+        changes its logits); ``bar`` advances by the sequences of each batch."""
         out: list[torch.Tensor] = [None] * len(sequences)  # type: ignore[list-item]
         order = sorted(range(len(sequences)), key=lambda i: -len(sequences[i]))
         for start in range(0, len(order), self.batch_size):
@@ -143,6 +171,8 @@ class EnergyformerLM(TemplateLM):
             lp = F.log_softmax(logits, dim=-1).cpu()
             for r, i in enumerate(rows):
                 out[i] = lp[r, :len(sequences[i])]
+            if bar is not None:
+                bar.update(len(rows))
         return out
 
     def _loglikelihood_tokens(self, requests: list, disable_tqdm: bool = False,
@@ -155,7 +185,9 @@ class EnergyformerLM(TemplateLM):
             seqs.append(whole[:-1])
             spans.append((len(whole) - 1 - len(cont), list(cont)))
         results = []
-        for (req, (start, cont)), lp in zip(zip(requests, spans), self.logprobs(seqs)):
+        with self.bar(len(seqs), "loglikelihood", disable_tqdm) as bar:
+            scored = self.logprobs(seqs, bar)
+        for (req, (start, cont)), lp in zip(zip(requests, spans), scored):
             rows = lp[start:start + len(cont)]
             target = torch.tensor(cont)
             score = float(rows.gather(1, target[:, None]).sum())
@@ -169,14 +201,17 @@ class EnergyformerLM(TemplateLM):
         """Log-likelihood of each whole text, in disjoint windows of ``block_size`` tokens (the first
         token conditioned on ``prefix_token_id``), as lm-eval's ``hf`` model computes it."""
         results = []
-        for req in requests:
-            (text,) = req.args
-            windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
-                self.tok_encode(text), prefix_token=self.prefix_token_id, max_seq_len=self.max_length, context_len=1)]
-            scores = self._loglikelihood_tokens([(None, ctx, cont) for ctx, cont in windows])
-            total = sum(s for s, _ in scores)
-            results.append(total)
-            self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
+        with self.bar(len(requests), "loglikelihood_rolling", disable_tqdm) as bar:
+            for req in requests:
+                (text,) = req.args
+                windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
+                    self.tok_encode(text), prefix_token=self.prefix_token_id, max_seq_len=self.max_length,
+                    context_len=1)]
+                scores = self._loglikelihood_tokens([(None, ctx, cont) for ctx, cont in windows], disable_tqdm=True)
+                total = sum(s for s, _ in scores)
+                results.append(total)
+                self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
+                bar.update(1)
         return results
 
     @torch.no_grad()
@@ -199,20 +234,121 @@ class EnergyformerLM(TemplateLM):
             ids = self.tok_encode(context)[-self.max_length:] or [self.prefix_token_id]
             parsed.append((context, until, ids))
             groups.setdefault((len(ids), max_new, temperature), []).append(i)
-        for (_, max_new, temperature), rows in groups.items():
-            for start in range(0, len(rows), self.batch_size):
-                chunk = rows[start:start + self.batch_size]
-                idx = torch.tensor([parsed[i][2] for i in chunk], device=self._device)
-                out = self.model.generate(idx, max_new, temperature=temperature, vocab_limit=self.vocab_limit,
-                                          **self.forward_kwargs)
-                for r, i in enumerate(chunk):
-                    text = self.tok_decode(out[r, idx.shape[1]:].tolist())
-                    for stop in parsed[i][1]:
-                        if stop and stop in text:
-                            text = text[:text.index(stop)]
-                    results[i] = text
-                    self.cache_hook.add_partial("generate_until", requests[i].args, text)
+        with self.bar(len(requests), "generate_until", disable_tqdm) as bar:
+            for (_, max_new, temperature), rows in groups.items():
+                for start in range(0, len(rows), self.batch_size):
+                    chunk = rows[start:start + self.batch_size]
+                    idx = torch.tensor([parsed[i][2] for i in chunk], device=self._device)
+                    out = self.model.generate(idx, max_new, temperature=temperature, vocab_limit=self.vocab_limit,
+                                              **self.forward_kwargs)
+                    for r, i in enumerate(chunk):
+                        text = self.tok_decode(out[r, idx.shape[1]:].tolist())
+                        for stop in parsed[i][1]:
+                            if stop and stop in text:
+                                text = text[:text.index(stop)]
+                        results[i] = text
+                        self.cache_hook.add_partial("generate_until", requests[i].args, text)
+                    bar.update(len(chunk))
         return results
+
+
+def hub_datasets(manager: Any, tasks: Sequence[str]) -> dict[str, str]:
+    """``{task: dataset_path}`` for each of ``tasks`` (groups and tags followed to their tasks) whose
+    data come from the Hugging Face hub: a ``dataset_path`` that is neither a local builder
+    (:data:`LOCAL_BUILDERS`) nor an existing path. Reads lm-eval's task index (no task is built,
+    nothing is downloaded); ``{}`` when the index cannot be read."""
+    index = getattr(manager, "task_index", None)
+    if not isinstance(index, dict):
+        return {}
+    found: dict[str, str] = {}
+
+    def visit(top: str, spec: Any, seen: set[str]) -> None:
+        members: list[Any] = []
+        if isinstance(spec, dict):  # an inline task config inside a group
+            cfg = spec
+        elif isinstance(spec, str) and spec not in seen and spec in index:
+            seen.add(spec)
+            entry = index[spec]
+            cfg = getattr(entry, "cfg", None) or {}
+            if getattr(getattr(entry, "kind", None), "name", "") == "TAG":  # a tag's tags are its tasks
+                members = sorted(getattr(entry, "tags", ()))
+        else:
+            return
+        members += cfg["task"] if isinstance(cfg.get("task"), list) else []  # a group's tasks
+        path = cfg.get("dataset_path")
+        if isinstance(path, str) and path not in LOCAL_BUILDERS and not Path(path).expanduser().exists():
+            found.setdefault(top, path)
+        for member in members:
+            if top not in found:
+                visit(top, member, seen)
+
+    for task in tasks:
+        visit(task, task, set())
+    return found
+
+
+def _offline() -> bool:
+    """``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE`` set true (as huggingface_hub reads them)."""
+    return any(os.environ.get(k, "").upper() in ("1", "ON", "YES", "TRUE")
+               for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+@functools.lru_cache(maxsize=8)
+def hub_reachable(endpoint: str, timeout: float = HUB_TIMEOUT_S) -> bool:
+    """Whether one HEAD request to ``endpoint`` gets any HTTP answer within ``timeout`` seconds."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout):
+            return True
+    except urllib.error.HTTPError:  # an answer, even an error status: the hub is there
+        return True
+    except (OSError, ValueError):  # refused, unroutable, timed out, no such host, a malformed URL
+        return False
+
+
+def check_hub(manager: Any, tasks: Sequence[str], bundled: Sequence[str] = ()) -> None:
+    """Refuse, before lm-eval builds them, hub-backed ``tasks`` (:func:`hub_datasets`) when the hub
+    (``HF_ENDPOINT``, default https://huggingface.co) does not answer within
+    :data:`HUB_TIMEOUT_S`; nothing is checked with ``HF_HUB_OFFLINE=1`` (the cache is used).
+
+    Raises:
+        ConnectionError: the hub is unreachable; the message names the task, the endpoint, the
+            dataset and the ``bundled`` tasks that need no hub.
+    """
+    if _offline():
+        return
+    needs = hub_datasets(manager, tasks)
+    if not needs:
+        return
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    if hub_reachable(endpoint):
+        return
+    task, path = next(iter(needs.items()))
+    instead = f"use a bundled task ({', '.join(bundled)})" if bundled else "use a task whose data are local"
+    raise ConnectionError(f"task {task!r} needs the Hugging Face hub ({endpoint} unreachable; its data: {path!r}); "
+                          f"set HF_HUB_OFFLINE=1 with a cached copy or {instead}")
+
+
+@contextlib.contextmanager
+def quiet_bars(quiet: bool) -> Iterator[None]:
+    """With ``quiet``, the progress bars of ``datasets`` (preparing a split) and of lm-eval's
+    request building (its module's ``tqdm``, given ``disable=True``) are off; restored after."""
+    if not quiet:
+        yield
+        return
+    import datasets
+    import lm_eval.api.task as task_module
+
+    shown, original = datasets.is_progress_bar_enabled(), getattr(task_module, "tqdm", None)
+    datasets.disable_progress_bars()
+    if original is not None:
+        task_module.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        if original is not None:
+            task_module.tqdm = original
+        if shown:
+            datasets.enable_progress_bars()
 
 
 def run_tasks(lm: Any, tasks: list[str], include_path: str | None = None, limit: int | None = None,
@@ -220,12 +356,14 @@ def run_tasks(lm: Any, tasks: list[str], include_path: str | None = None, limit:
               include_defaults: bool = True, model_args: dict[str, Any] | None = None) -> dict[str, Any]:
     """``lm_eval.simple_evaluate`` of ``lm`` (our adapter, or any lm-eval model, or a model name
     such as ``"hf"``) on ``tasks``; ``include_defaults=False`` skips indexing lm-eval's own
-    thousands of task files (seconds) when only ``include_path`` tasks are wanted.
+    thousands of task files (seconds) when only ``include_path`` tasks are wanted. An adapter
+    with ``progress=False`` runs without any progress bar (:func:`quiet_bars`).
 
     Returns lm-eval's results dict (``"results"`` per task; ``"samples"`` with ``log_samples``).
 
     Raises:
         ValueError: a task lm-eval does not know (named).
+        ConnectionError: a hub-backed task while the hub is unreachable (:func:`check_hub`).
     """
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
@@ -236,8 +374,11 @@ def run_tasks(lm: Any, tasks: list[str], include_path: str | None = None, limit:
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
         raise ValueError(f"unknown lm-eval task {unknown[0]!r}")
-    return simple_evaluate(model=lm, model_args=model_args, tasks=list(tasks), task_manager=manager, limit=limit,
-                           num_fewshot=num_fewshot, log_samples=log_samples, bootstrap_iters=0, verbosity="ERROR")
+    check_hub(manager, tasks)
+    with quiet_bars(getattr(lm, "progress", None) is False):
+        return simple_evaluate(model=lm, model_args=model_args, tasks=list(tasks), task_manager=manager,
+                               limit=limit, num_fewshot=num_fewshot, log_samples=log_samples, bootstrap_iters=0,
+                               verbosity="ERROR")
 
 
 def main(argv: list[str] | None = None) -> int:

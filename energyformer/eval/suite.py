@@ -11,19 +11,28 @@ Tasks:
   (= per character for a character tokenizer) and bits per UTF-8 byte (tokenizer-independent;
   :mod:`energyformer.eval.loss`).
 - any other name: an lm-eval task (it must find its data locally: most lm-eval tasks download
-  theirs and fail offline); ``include_path`` adds a folder of task YAMLs.
+  theirs and fail offline); ``include_path`` adds a folder of task YAMLs. A task whose data come
+  from the Hugging Face hub is refused at once when the hub is unreachable and ``HF_HUB_OFFLINE``
+  is not set (:func:`energyformer.eval.harness.check_hub`).
+
+Progress goes to stderr (the report to stdout): a line as each task starts and one with its
+time when it ends, and tqdm bars over the requests (lm-eval tasks, mmlu_dev) and the windows
+(val_loss), shown on a terminal only unless ``progress`` says otherwise.
 """
 from __future__ import annotations
 
 import math
+import sys
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 from energyformer._validate import check_int
 from energyformer.eval.loss import bits_per_byte, bits_per_token, perplexity
@@ -46,45 +55,59 @@ def check_tasks(names: list[str], include_path: str | None = None) -> None:
 
     Raises:
         ValueError: a name that is neither built in nor an lm-eval task (the message names it).
+        ConnectionError: a task whose data come from the Hugging Face hub, which is unreachable
+            (and ``HF_HUB_OFFLINE`` is not set; see :func:`energyformer.eval.harness.check_hub`).
     """
     others = [n for n in names if n not in BUILTIN_TASKS]
     if not others:
         return
     from lm_eval.tasks import TaskManager
 
-    known = set(TaskManager(include_path=include_path).all_tasks)
+    from energyformer.eval.harness import check_hub
+
+    manager = TaskManager(include_path=include_path)
+    known = set(manager.all_tasks)
     unknown = [n for n in others if n not in known]
     if unknown:
         raise ValueError(f"unknown task {unknown[0]!r}: expected {', '.join(BUILTIN_TASKS)} or an lm-eval task "
                          f"name (`lm_eval ls tasks`; {len(known)} known)")
+    check_hub(manager, others, bundled=BUILTIN_TASKS)
 
 
 @torch.no_grad()
 def val_loss(model: Any, data_dir: str | Path, tokenizer: Any, batch_size: int = 8,
-             max_tokens: int | None = None, device: str | torch.device = "cpu") -> dict[str, float]:
+             max_tokens: int | None = None, device: str | torch.device = "cpu",
+             progress: bool | None = False) -> dict[str, float]:
     """Loss over the validation split in consecutive windows of ``block_size`` tokens.
 
     Each window predicts its tokens from the ones before it in the window (the first token of a
     window is context only), so every scored token has 1…``block_size`` tokens of context.
+    ``progress``: a tqdm bar over the windows on stderr (``None``: on a terminal only).
 
     Returns:
         ``{"loss", "perplexity", "bits_per_token", "bits_per_byte", "tokens", "bytes"}``.
 
     Raises:
-        FileNotFoundError: no ``val.bin`` in ``data_dir``. ValueError: a split shorter than 2 tokens.
+        FileNotFoundError: no ``val.bin`` or ``meta.json`` in ``data_dir``. ValueError: a split shorter
+            than 2 tokens, or a ``val.bin`` whose size disagrees with ``meta.json`` (see
+            :func:`energyformer.data.load_split`: the token dtype, uint16 or uint32, is the corpus').
     """
+    from energyformer.data import load_split
+
+    try:  # the dtype (uint16 / uint32) and the size come from the corpus' meta.json
+        split = load_split(data_dir, "val")
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"val_loss needs the run's prepared data (data directory {str(data_dir)!r}): {e}"
+                                ) from None
     path = Path(data_dir) / "val.bin"
-    if not path.is_file():
-        raise FileNotFoundError(f"{str(path)!r} not found: val_loss needs the run's prepared data "
-                                f"(data directory {str(data_dir)!r})")
-    data = np.fromfile(path, dtype=np.uint16).astype(np.int64)
-    if max_tokens is not None:
-        data = data[:max_tokens + 1]
+    data = np.asarray(split if max_tokens is None else split[:max_tokens + 1], dtype=np.int64)
     if len(data) < 2:
         raise ValueError(f"{str(path)!r} holds {len(data)} tokens; val_loss needs at least 2")
     block = model.config.block_size
     starts = list(range(0, len(data) - 1, block))
     total, count = 0.0, 0
+    bar = tqdm(total=len(starts), desc="val_loss", unit="window", dynamic_ncols=True, file=sys.stderr,
+               disable=_disable(progress))
     for i in range(0, len(starts), batch_size):
         chunk = [data[s:s + block + 1] for s in starts[i:i + batch_size]]
         n = max(len(c) for c in chunk) - 1
@@ -96,15 +119,23 @@ def val_loss(model: Any, data_dir: str | Path, tokenizer: Any, batch_size: int =
         total += float(F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.to(device).reshape(-1),
                                        ignore_index=-1, reduction="sum"))
         count += int((y >= 0).sum())
+        bar.update(len(chunk))
+    bar.close()
     loss = total / count
     n_bytes = len(tokenizer.decode(data[1:].tolist()).encode("utf-8"))
     return {"loss": loss, "perplexity": perplexity(loss), "bits_per_token": bits_per_token(loss),
             "bits_per_byte": bits_per_byte(loss, count, n_bytes), "tokens": count, "bytes": n_bytes}
 
 
+def _disable(progress: bool | None) -> bool | None:
+    """tqdm's ``disable`` for ``progress`` (``None``: tqdm's own choice, shown on a terminal only)."""
+    return None if progress is None else not progress
+
+
 def evaluate_run(run_dir: str | Path, tasks: str | Sequence[str] = BUILTIN_TASKS, out: str | Path | None = None,
                  num_fewshot: int = 4, batch_size: int = 8, limit: int | None = None,
-                 include_path: str | None = None, device: str = "auto", n_steps: int | None = None) -> dict[str, Any]:
+                 include_path: str | None = None, device: str = "auto", n_steps: int | None = None,
+                 progress: bool | None = None) -> dict[str, Any]:
     """Evaluate a run on ``tasks``; write ``out`` (``.json``, and the Markdown table beside it as ``.md``).
 
     Args:
@@ -118,6 +149,8 @@ def evaluate_run(run_dir: str | Path, tasks: str | Sequence[str] = BUILTIN_TASKS
         include_path: a folder of extra lm-eval task YAMLs.
         device: auto (CUDA when available, else the CPU), cpu, cuda, cuda:N or mps.
         n_steps: NRGPT / recurrent GPT: descent steps at evaluation (default: as trained).
+        progress: on stderr, a line per task as it starts and ends (with its time) and progress
+            bars; ``None``: the lines, and the bars on a terminal only; ``False``: nothing.
 
     Returns:
         the report: ``{"run", "tasks": {name: results}}``.
@@ -125,12 +158,10 @@ def evaluate_run(run_dir: str | Path, tasks: str | Sequence[str] = BUILTIN_TASKS
     Raises:
         ValueError: an unknown task (before anything runs), an incomplete run, bad options.
         FileNotFoundError: a missing run, data or lm-eval file.
+        ConnectionError: a hub-backed lm-eval task while the hub is unreachable (before anything runs).
     """
-    from energyformer.data import load_tokenizer
-    from energyformer.eval import harness, mmlu
+    from energyformer.eval import harness
     from energyformer.runs.checkpoint import find_checkpoint
-    from energyformer.runs.rundir import load_run
-    from energyformer.utils.device import resolve_device
 
     names = parse_tasks(tasks)
     check_tasks(names, include_path)
@@ -142,32 +173,47 @@ def evaluate_run(run_dir: str | Path, tasks: str | Sequence[str] = BUILTIN_TASKS
     if find_checkpoint(run_dir) is None:
         raise ValueError(f"run {str(run_dir)!r} is incomplete: it holds no complete checkpoint yet")
     report: dict[str, Any] = {"run": str(run_dir), "tasks": {}}
-    lm = harness.EnergyformerLM(run=str(run_dir), batch_size=batch_size, device=device, n_steps=n_steps)
-    for name in names:
-        if name == "val_loss":
-            _, run_cfg, meta = load_run(run_dir)
-            report["tasks"][name] = val_loss(lm.model, run_cfg.data.path, load_tokenizer(meta), batch_size,
-                                             None if limit is None else limit * lm.max_length,
-                                             resolve_device(device))
-        elif name == "mmlu_dev":
-            vocab = set(getattr(lm.tokenizer, "chars", ())) or None
-            with tempfile.TemporaryDirectory() as tmp:
-                built = mmlu.build_task(tmp, vocab=vocab, num_fewshot=num_fewshot,  # (the harness scores
-                                        fits=lambda t: len(lm.tok_encode(t)) <= lm.max_length + 1)  # N+1 tokens)
-                res = harness.run_tasks(lm, [mmlu.TASK_NAME], include_path=tmp, limit=limit, log_samples=True,
-                                        include_defaults=False)
-            samples = [{"subject": s["doc"]["subject"], "correct": bool(s["acc"])}
-                       for s in res["samples"][mmlu.TASK_NAME]]
-            report["tasks"][name] = {**mmlu.accuracy_table(samples), **{k: built[k] for k in (
-                "n_parse_skipped", "n_oov_skipped", "num_fewshot", "shots", "n_truncated",
-                "subject_line_chars_removed")}}
-        else:
-            res = harness.run_tasks(lm, [name], include_path=include_path, limit=limit, num_fewshot=num_fewshot)
-            report["tasks"][name] = res["results"][name]
+    lm = harness.EnergyformerLM(run=str(run_dir), batch_size=batch_size, device=device, n_steps=n_steps,
+                                progress=progress)
+    say: Callable[[str], None] = (lambda msg: None) if progress is False else (
+        lambda msg: tqdm.write(msg, file=sys.stderr))
+    for i, name in enumerate(names, 1):
+        say(f"eval {name} ({i}/{len(names)}): started")
+        start = time.perf_counter()
+        report["tasks"][name] = _run_task(name, lm, run_dir, num_fewshot, limit, include_path, device, progress)
+        say(f"eval {name} ({i}/{len(names)}): done in {time.perf_counter() - start:.1f} s")
     out = Path(out) if out is not None else run_dir / "eval.json"
     atomic_write_json(out, report)
     atomic_write_text(out.with_suffix(".md"), format_report(report) + "\n")
     return report
+
+
+def _run_task(name: str, lm: Any, run_dir: Path, num_fewshot: int, limit: int | None, include_path: str | None,
+              device: str, progress: bool | None) -> dict[str, Any]:
+    """The results of one task of :func:`evaluate_run` on the adapter ``lm``."""
+    from energyformer.data import load_tokenizer
+    from energyformer.eval import harness, mmlu
+    from energyformer.runs.rundir import load_run
+    from energyformer.utils.device import resolve_device
+
+    if name == "val_loss":
+        _, run_cfg, meta = load_run(run_dir)
+        return val_loss(lm.model, run_cfg.data.path, load_tokenizer(meta), lm.batch_size,
+                        None if limit is None else limit * lm.max_length, resolve_device(device), progress)
+    if name == "mmlu_dev":
+        vocab = set(getattr(lm.tokenizer, "chars", ())) or None
+        with tempfile.TemporaryDirectory() as tmp:
+            built = mmlu.build_task(tmp, vocab=vocab, num_fewshot=num_fewshot,  # (the harness scores
+                                    fits=lambda t: len(lm.tok_encode(t)) <= lm.max_length + 1)  # N+1 tokens)
+            res = harness.run_tasks(lm, [mmlu.TASK_NAME], include_path=tmp, limit=limit, log_samples=True,
+                                    include_defaults=False)
+        samples = [{"subject": s["doc"]["subject"], "correct": bool(s["acc"])}
+                   for s in res["samples"][mmlu.TASK_NAME]]
+        return {**mmlu.accuracy_table(samples), **{k: built[k] for k in (
+            "n_parse_skipped", "n_oov_skipped", "num_fewshot", "shots", "n_truncated",
+            "subject_line_chars_removed")}}
+    res = harness.run_tasks(lm, [name], include_path=include_path, limit=limit, num_fewshot=num_fewshot)
+    return res["results"][name]
 
 
 def _shots(res: dict[str, Any]) -> str:

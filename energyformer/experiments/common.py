@@ -46,10 +46,24 @@ from energyformer.runs.rundir import (
     read_run_config,
     read_summary,
 )
+from energyformer.utils.bundled import recipes_dir
 from energyformer.utils.io import atomic_write_json, atomic_write_text
 
-#: the recipe folder of the repository (experiments are defined as recipes + overrides)
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+def recipe_path(recipe: str) -> Path:
+    """The bundled recipe ``recipe`` (e.g. ``shakespeare_char/nrgpt.yaml``): experiments are defined as
+    bundled recipes + overrides, read where ``energyformer train`` finds them
+    (:func:`energyformer.utils.bundled.recipes_dir`: a wheel's ``energyformer/configs/`` or a
+    clone's ``configs/``), whatever the working directory.
+
+    Raises:
+        FileNotFoundError: no bundled recipe folder (a broken install) or no such recipe in it.
+    """
+    root = recipes_dir()
+    if root is None:
+        raise FileNotFoundError(f"recipe {recipe!r}: no bundled recipes were found (neither energyformer/configs/ "
+                                "nor a clone's configs/); reinstall energyformer")
+    return root / recipe
 
 #: the one quick-mode override (keys a recipe's model does not have are skipped)
 QUICK: dict[str, dict[str, Any]] = {
@@ -132,7 +146,8 @@ class Context:
 
 def resolve(ctx: Context, recipe: str, *overrides: Mapping[str, Any], data: Mapping[str, Any] | None = None,
             swept: Sequence[str] = ()) -> dict[str, Any]:
-    """The run config of ``configs/<recipe>`` with ``overrides`` merged in order (later wins).
+    """The run config of the bundled recipe ``recipe`` (:func:`recipe_path`) with ``overrides``
+    merged in order (later wins).
 
     ``data`` replaces the recipe's data section (quick mode: the experiment's tiny data); else the
     recipe's dataset is read from ``ctx.data_root``. In quick mode :data:`QUICK` is merged last
@@ -142,7 +157,7 @@ def resolve(ctx: Context, recipe: str, *overrides: Mapping[str, Any], data: Mapp
     Raises:
         FileNotFoundError: the recipe does not exist.
     """
-    cfg = read_recipe(CONFIGS / recipe)
+    cfg = read_recipe(recipe_path(recipe))
     for o in overrides:
         cfg = deep_merge(cfg, o)
     if ctx.quick:
@@ -620,8 +635,9 @@ def char_data(ctx: Context, dataset: str = "shakespeare_char") -> dict[str, Any]
     return {"dataset": out.name, "root": str(out.parent)}
 
 
-__all__ = ["CONFIGS", "Context", "QUICK", "char_data", "convergence", "count_floors", "floors_table", "converged_cell",
+__all__ = ["Context", "QUICK", "char_data", "convergence", "count_floors", "floors_table", "converged_cell",
            "finish_axes",
            "lr_sweep", "markdown_table", "mean_std", "plot_learning_curves", "pm", "pyplot", "quick_text",
-           "record_dir", "resolve", "same_config", "save_figure", "schedule", "sweep_table", "train_or_resume",
+           "recipe_path", "record_dir", "resolve", "same_config", "save_figure", "schedule", "sweep_table",
+           "train_or_resume",
            "val_curve", "write_results"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from transformers import (
     LlamaForCausalLM,
 )
 
+from energyformer.data.meta import NO_DATASET
 from energyformer.hf.configuration import EnergyformerConfig, config_for
 from energyformer.hf.convert import from_gpt2, from_llama, to_gpt2, to_llama
 from energyformer.hf.model_card import write_model_card
@@ -44,6 +46,7 @@ from energyformer.hf.tokenizer import char_vocab, run_tokenizer
 from energyformer.models.registry import build_model
 from energyformer.runs.checkpoint import find_checkpoint
 from energyformer.runs.config import DataConfig, RunConfig
+from energyformer.runs.layout import CHECKPOINTS_DIR, METRICS_FILE, STATE_FILE, SUMMARY_FILE
 from energyformer.runs.rundir import CONFIG_FILE, MARKER_FILE, META_FILE, WEIGHTS_FILE, load_run, write_run_files
 from energyformer.runs.weights import save_weights
 from energyformer.utils.io import atomic_write_json
@@ -160,12 +163,31 @@ def generation_config(tokenizer: Any, vocab_size: int, use_cache: bool) -> Gener
                             suppress_tokens=suppress or None)
 
 
-def import_hf(src: str | Path, out: str | Path, progress: bool = False) -> Path:
+def _check_run_target(out: Path, force: bool) -> None:
+    """``out`` may receive an imported run: new, empty, or (with ``force``) a run, whose checkpoints
+    and training records are removed (they belong to the model being replaced)."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {str(out)!r} is a file; expected a folder")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not force:
+        raise ValueError(f"--out {str(out)!r} already holds files (an earlier import?); pass --force to "
+                         "overwrite them or choose another --out")
+    if not (out / CONFIG_FILE).is_file():
+        raise ValueError(f"--out {str(out)!r} is a non-empty folder that is not a run directory; "
+                         "choose an empty or new folder")
+    shutil.rmtree(out / CHECKPOINTS_DIR, ignore_errors=True)
+    for name in (STATE_FILE, METRICS_FILE, SUMMARY_FILE):
+        (out / name).unlink(missing_ok=True)
+
+
+def import_hf(src: str | Path, out: str | Path, progress: bool = False, force: bool = False) -> Path:
     """Read a Hugging Face folder (stock Llama or GPT-2, or one exported by energyformer) into
     the run directory ``out`` (``config.yaml``, ``meta.json``, ``model.safetensors`` and a
     ``checkpoint.json`` marking it complete; no train state, so it cannot be resumed: fine-tune
     it with ``train.init_from``). Returns ``out``. ``progress`` shows transformers' progress
-    bars while loading (see :func:`progress_bars`).
+    bars while loading (see :func:`progress_bars`). ``force`` overwrites a run already in ``out``.
+    The config names no dataset (``data.dataset: none``): a fine-tuning gives its data.
 
     The tokenizer is kept: a character tokenizer of ours becomes a ``char`` meta.json, any
     other ``tokenizers`` tokenizer a ``bpe`` one (its JSON inside meta.json).
@@ -173,7 +195,8 @@ def import_hf(src: str | Path, out: str | Path, progress: bool = False) -> Path:
     Raises:
         FileNotFoundError: no ``config.json`` in ``src``.
         ValueError: another model type (named), options our classes lack, no tokenizer in
-            ``src``, or ``out`` already holds a run.
+            ``src``, or ``out`` already holds files (without ``force``; with it, files that are
+            not a run's).
     """
     src, out = Path(src), Path(out)
     if not (src / "config.json").is_file():
@@ -182,8 +205,7 @@ def import_hf(src: str | Path, out: str | Path, progress: bool = False) -> Path:
     if model_type not in IMPORT_TYPES and not str(model_type).startswith("energyformer_"):
         raise ValueError(f"{str(src)!r} holds model_type={model_type!r}; import-hf reads "
                          f"{', '.join(IMPORT_TYPES)} or energyformer_* folders")
-    if (out / CONFIG_FILE).exists():
-        raise ValueError(f"--out {str(out)!r} already holds a run ({CONFIG_FILE}); choose a new folder")
+    _check_run_target(out, force)
     hf_config = AutoConfig.from_pretrained(src)
     with progress_bars(progress):
         hf = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
@@ -203,7 +225,7 @@ def import_hf(src: str | Path, out: str | Path, progress: bool = False) -> Path:
                          f"{model_config.vocab_size}")
     meta.update({"format_version": 1, "n_train": 0, "n_val": 0, "source": f"import-hf {src}"})
     out.mkdir(parents=True, exist_ok=True)
-    write_run_files(out, RunConfig(model=model_config, data=DataConfig(dataset=out.name)), meta)
+    write_run_files(out, RunConfig(model=model_config, data=DataConfig(dataset=NO_DATASET)), meta)
     save_weights(model, out / WEIGHTS_FILE, {"step": "0"})
     atomic_write_json(out / MARKER_FILE, {"format_version": 1, "step": 0, "best_val_loss": None,
                                           "files": [CONFIG_FILE, META_FILE, WEIGHTS_FILE],

@@ -38,6 +38,7 @@ import errno
 import json
 import os
 import shutil
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -415,7 +416,13 @@ def load_train_state(run_dir: str | Path) -> dict[str, Any]:
         raise FileNotFoundError(f"train state {str(path)!r} not found; the run directory has no "
                                 "complete checkpoint to resume from")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        # torch warns before refusing some files (a plain pickle: "Detected pickle protocol 4"):
+        # its warnings are passed on only when the load succeeds, so a refusal is our one line
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        for w in said:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     except Exception as e:  # noqa: BLE001 - any failure of the safe loader means: not ours
         # the loader's own message advises unsafe loading; never pass that on
         kind = "holds objects other than tensors and plain containers" if "weights_only" in str(e) \

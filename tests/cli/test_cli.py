@@ -428,13 +428,41 @@ def test_sample_and_export_of_a_run_still_training_name_the_step(trained, tmp_pa
         assert f"warning: using step {step} of a run still training" in capsys.readouterr().err
 
 
-def test_re_export_refuses_a_folder_with_files_unless_force(trained, tmp_path, capsys):
-    out = tmp_path / "hf"
-    assert main(["export", str(trained), "--to", str(out)]) == 0
-    before = (out / "config.json").stat().st_mtime_ns
+def _refused_unless_force(argv, option, out, written, capsys):
+    """``argv`` writing into ``out`` (``option``: --to / --out) works once, is refused (one line, the
+    file ``written`` untouched) while ``out`` holds files, and works again with --force."""
+    argv = [*argv, option, str(out)]
+    assert main(argv) == 0
+    before = (out / written).stat().st_mtime_ns
     capsys.readouterr()
-    assert main(["export", str(trained), "--to", str(out)]) == 2
+    assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: --to {str(out)!r} already holds files") and "--force" in err
-    assert err.count("\n") == 1 and (out / "config.json").stat().st_mtime_ns == before
-    assert main(["export", str(trained), "--to", str(out), "--force"]) == 0
+    assert err.startswith(f"error: {option} {str(out)!r} already holds files") and "--force" in err
+    assert err.count("\n") == 1 and (out / written).stat().st_mtime_ns == before
+    assert main([*argv, "--force"]) == 0
+
+
+def test_re_export_refuses_a_folder_with_files_unless_force(trained, tmp_path, capsys):
+    _refused_unless_force(["export", str(trained)], "--to", tmp_path / "hf", "config.json", capsys)
+
+
+def test_import_hf_refuses_a_folder_with_files_unless_force_as_export_does(trained, tmp_path, capsys):
+    import shutil
+
+    from energyformer.runs.rundir import load_run
+
+    hf = tmp_path / "hf"
+    assert main(["export", str(trained), "--to", str(hf)]) == 0
+    _refused_unless_force(["import-hf", str(hf)], "--out", tmp_path / "back", "model.safetensors", capsys)
+    # over a trained run: its checkpoints and records go (they are another model's), the import loads
+    shutil.copytree(trained, tmp_path / "run")
+    assert (tmp_path / "run" / "checkpoints").is_dir()
+    assert main(["import-hf", str(hf), "--out", str(tmp_path / "run"), "--force"]) == 0
+    assert not any((tmp_path / "run" / n).exists() for n in ("checkpoints", "metrics.jsonl", "summary.json"))
+    assert load_run(tmp_path / "run")[1].data.dataset == "none"
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "x.txt").write_text("x")
+    capsys.readouterr()
+    assert main(["import-hf", str(hf), "--out", str(tmp_path / "notes"), "--force"]) == 2
+    assert "is a non-empty folder that is not a run directory" in capsys.readouterr().err
+    assert (tmp_path / "notes" / "x.txt").read_text() == "x"

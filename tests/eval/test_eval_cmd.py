@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("lm_eval")
 
-from run_helpers import CHARS, make_data, make_run  # noqa: E402
+from run_helpers import CHARS, local_task, make_data, make_run  # noqa: E402
 
 from energyformer.cli import main  # noqa: E402
 from energyformer.data import CharTokenizer  # noqa: E402
@@ -98,6 +98,23 @@ def test_val_loss_equals_cross_entropy_by_hand(tmp_path):
     assert got["bits_per_byte"] == pytest.approx(got["bits_per_token"])  # one ASCII byte per character
 
 
+def test_val_loss_reads_a_uint32_corpus_by_its_meta_dtype(tmp_path):
+    """``prepare hf`` writes uint32 tokens for big vocabularies: val_loss reads the dtype meta.json
+    names (read as uint16, each id would be two tokens and the count double)."""
+    data = make_data(tmp_path / "data")
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    for split in ("train", "val"):
+        np.fromfile(data / f"{split}.bin", dtype=np.uint16).astype(np.uint32).tofile(wide / f"{split}.bin")
+    (wide / "meta.json").write_text(json.dumps({**json.loads((data / "meta.json").read_text()), "dtype": "uint32"}))
+    model = load_run(make_run(tmp_path / "run", {"arch": "gpt"}, data_dir=data))[0]
+    narrow, got = (val_loss(model, d, CharTokenizer(CHARS), batch_size=3) for d in (data, wide))
+    assert got == narrow
+    (wide / "val.bin").unlink()
+    with pytest.raises(FileNotFoundError, match="val_loss needs the run's prepared data .*val.bin not found"):
+        val_loss(model, wide, CharTokenizer(CHARS))
+
+
 def test_eval_command_writes_json_and_markdown(tmp_path, capsys):
     data = make_data(tmp_path / "data")
     run = make_run(tmp_path / "run", {"arch": "nrgpt"}, data_dir=data)
@@ -114,6 +131,89 @@ def test_eval_command_writes_json_and_markdown(tmp_path, capsys):
     assert sum(s["n"] for s in m["subjects"].values()) == 12
     assert report["tasks"]["val_loss"]["tokens"] > 0
     assert (tmp_path / "r" / "report.md").read_text().strip() == shown.strip()
+
+
+def test_eval_shows_a_line_per_task_and_progress_bars_on_stderr(tmp_path, capsys):
+    """A line as each task starts and ends (with its time) and tqdm bars over the requests and the
+    windows (forced here; by default only on a terminal); --quiet: nothing, lm-eval's bars too."""
+    import re
+
+    from energyformer.eval.suite import evaluate_run
+
+    run = make_run(tmp_path / "run", {"arch": "gpt"}, data_dir=make_data(tmp_path / "data"))
+    out = ["--out", str(tmp_path / "r.json")]
+    capsys.readouterr()
+    evaluate_run(run, "mmlu_dev,val_loss", limit=2, out=tmp_path / "r.json", progress=True)
+    err = capsys.readouterr().err
+    for i, name in enumerate(("mmlu_dev", "val_loss"), 1):
+        assert f"eval {name} ({i}/2): started" in err and re.search(rf"eval {name} \({i}/2\): done in \d+\.\d s", err)
+    assert "| 8/8 [" in err and "loglikelihood: 100%" in err and "val_loss: 100%" in err  # 2 questions x 4 choices
+    assert err.index("mmlu_dev (1/2): started") < err.index("loglikelihood: 100%") < err.index("mmlu_dev (1/2): done")
+    assert err.index("val_loss (2/2): started") < err.index("val_loss: 100%") < err.index("val_loss (2/2): done")
+    assert main(["eval", str(run), "--tasks", "mmlu_dev,val_loss", "--limit", "2", *out]) == 0
+    err = capsys.readouterr().err  # not a terminal: the lines, not our bars
+    assert "eval val_loss (2/2): done in" in err and "loglikelihood:" not in err and "val_loss:" not in err
+    assert main(["eval", str(run), "--tasks", "mmlu_dev,val_loss", "--limit", "2", *out, "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def _no_hub(monkeypatch, endpoint="http://127.0.0.1:9"):
+    """The hub at ``endpoint`` (default: the closed discard port), ``HF_HUB_OFFLINE`` unset, and
+    every dataset load recorded (lm-eval's retries are what the check saves)."""
+    import lm_eval.api.task
+
+    from energyformer.eval import harness
+
+    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    harness.hub_reachable.cache_clear()
+    loads = []
+    real = lm_eval.api.task.datasets.load_dataset
+    monkeypatch.setattr(lm_eval.api.task.datasets, "load_dataset", lambda *a, **k: loads.append(a) or real(*a, **k))
+    return loads
+
+
+def test_a_hub_task_fails_at_once_in_one_line_when_the_hub_is_unreachable(tmp_path, monkeypatch, capsys):
+    loads = _no_hub(monkeypatch)
+    run = make_run(tmp_path / "run", {"arch": "gpt"}, data_dir=make_data(tmp_path / "data"))
+    assert main(["eval", str(run), "--tasks", "val_loss,arc_easy", "--out", str(tmp_path / "r.json")]) == 2
+    assert capsys.readouterr().err == (
+        "error: task 'arc_easy' needs the Hugging Face hub (http://127.0.0.1:9 unreachable; its data: "
+        "'allenai/ai2_arc'); set HF_HUB_OFFLINE=1 with a cached copy or use a bundled task (mmlu_dev, val_loss)\n")
+    assert loads == [] and not (tmp_path / "r.json").exists()  # refused before anything ran
+    # the bundled tasks and a task of local files run with the hub unreachable
+    tasks = local_task(tmp_path / "tasks", [{"q": "the cat", "choices": [" sat", " ran"], "answer": 0}])
+    assert main(["eval", str(run), "--tasks", "mmlu_dev,val_loss,tiny_local_mc", "--limit", "2", "--quiet",
+                 "--num_fewshot", "0", "--include_path", str(tasks), "--out", str(tmp_path / "r.json")]) == 0
+    assert set(json.loads((tmp_path / "r.json").read_text())["tasks"]) == {"mmlu_dev", "val_loss", "tiny_local_mc"}
+
+
+def test_hub_datasets_follow_groups_and_tags_and_the_check_needs_only_an_answer(tmp_path, monkeypatch):
+    import http.server
+    import threading
+
+    from lm_eval.tasks import TaskManager
+
+    from energyformer.eval import harness
+
+    manager = TaskManager(include_path=str(local_task(tmp_path / "tasks", [])))
+    found = harness.hub_datasets(manager, ["mmlu", "ai2_arc", "tiny_local_mc", "arc_easy"])
+    assert found == {"mmlu": "cais/mmlu", "ai2_arc": "allenai/ai2_arc", "arc_easy": "allenai/ai2_arc"}
+    with pytest.raises(ConnectionError, match="task 'mmlu' needs the Hugging Face hub .* use a task whose data are"):
+        _no_hub(monkeypatch)
+        harness.check_hub(manager, ["tiny_local_mc", "mmlu"])
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the cache is used: nothing to check
+    harness.check_hub(manager, ["mmlu"])
+    # any HTTP answer, even 404, means the hub is there
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        _no_hub(monkeypatch, f"http://127.0.0.1:{server.server_port}")
+        harness.check_hub(manager, ["mmlu"])
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_eval_bad_input_is_one_line_error(tmp_path, capsys):

@@ -3,8 +3,6 @@ rolling windows, generation, and one local task through both our adapter and lm-
 model on the exported folder. Offline (HF_HUB_OFFLINE=1)."""
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,7 +10,7 @@ import torch.nn.functional as F
 pytest.importorskip("lm_eval")
 
 from lm_eval.api.instance import Instance  # noqa: E402
-from run_helpers import CHARS, make_run  # noqa: E402
+from run_helpers import CHARS, local_task, make_run  # noqa: E402
 
 from energyformer.data import CharTokenizer  # noqa: E402
 from energyformer.eval.harness import EnergyformerLM, run_tasks  # noqa: E402
@@ -82,25 +80,34 @@ def test_generate_until_is_our_greedy_generation_cut_at_the_stop(lm):
     assert got == text[:text.index(stop)]
 
 
+def test_each_request_type_shows_a_progress_bar_unless_disabled(lm, capsys):
+    """tqdm bars on stderr over the requests of each call (forced on here: stderr is no terminal);
+    off with lm-eval's ``disable_tqdm`` or ``progress=False``."""
+    calls = {"loglikelihood": lambda **kw: lm.loglikelihood([_req("loglikelihood", "the", " cat")] * 3, **kw),
+             "loglikelihood_rolling": lambda **kw: lm.loglikelihood_rolling(
+                 [_req("loglikelihood_rolling", "the cat sat")] * 2, **kw),
+             "generate_until": lambda **kw: lm.generate_until(
+                 [_req("generate_until", "the cat", {"until": ["."], "max_gen_toks": 3})] * 2, **kw)}
+    try:
+        for progress in (True, None, False):
+            lm.progress = progress
+            for desc, call in calls.items():
+                capsys.readouterr()
+                call()
+                err = capsys.readouterr().err
+                assert (f"{desc}: 100%" in err) == (progress is True), (progress, err)
+                if progress:
+                    n = 2 if desc != "loglikelihood" else 3
+                    assert f"| {n}/{n} [" in err and "req/s" in err
+                    call(disable_tqdm=True)
+                    assert capsys.readouterr().err == ""
+    finally:
+        lm.progress = None
+
+
 def test_out_of_vocabulary_text_is_named(lm):
     with pytest.raises(ValueError, match="'€'"):
         lm.loglikelihood([_req("loglikelihood", "the €", " cat")])
-
-
-TASK = """\
-task: tiny_local_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{q}}}}"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: answer
-metric_list:
-  - metric: acc
-"""
 
 
 def test_one_local_task_both_ways_our_adapter_and_lm_evals_hf_model(tmp_path):
@@ -111,11 +118,8 @@ def test_one_local_task_both_ways_our_adapter_and_lm_evals_hf_model(tmp_path):
     docs = [{"q": "the cat sat on a", "choices": [" mat.", " dog", " cat"], "answer": 0},
             {"q": "And so on, 0 to", "choices": [" 9!", " 0", " the"], "answer": 0},
             {"q": "the dog ran", "choices": [" to", " on", " a"], "answer": 1}]
-    (tmp_path / "tasks").mkdir()
-    (tmp_path / "tasks" / "d.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-    (tmp_path / "tasks" / "tiny.yaml").write_text(TASK.format(data=tmp_path / "tasks" / "d.jsonl"))
-    common = dict(tasks=["tiny_local_mc"], include_path=str(tmp_path / "tasks"), include_defaults=False,
-                  log_samples=True)
+    common = dict(tasks=["tiny_local_mc"], include_path=str(local_task(tmp_path / "tasks", docs)),
+                  include_defaults=False, log_samples=True)
     ours = run_tasks(EnergyformerLM(run=str(run)), **common)
     folder = export_run(run, tmp_path / "hf")
     # no BOS in our tokenizers: lm-eval's hf model needs the prefix token our adapter defaults to ("\n")

@@ -14,8 +14,7 @@ import torch
 
 pytest.importorskip("lm_eval")
 
-from run_helpers import CHARS, make_run  # noqa: E402
-from test_harness import TASK  # noqa: E402
+from run_helpers import CHARS, local_task, make_run  # noqa: E402
 
 from energyformer.eval.harness import EnergyformerLM, run_tasks  # noqa: E402
 from energyformer.hf.export import export_run  # noqa: E402
@@ -41,10 +40,7 @@ def setup(tmp_path):
     """(run, model_args, tasks folder, environment without energyformer)"""
     run = make_run(tmp_path / "nrgpt", {"arch": "nrgpt"})
     folder = export_run(run, tmp_path / "hf_nrgpt")
-    tasks = tmp_path / "tasks"
-    tasks.mkdir()
-    (tasks / "d.jsonl").write_text("".join(json.dumps(d) + "\n" for d in DOCS))
-    (tasks / "tiny.yaml").write_text(TASK.format(data=tasks / "d.jsonl"))
+    tasks = local_task(tmp_path / "tasks", DOCS)
     block = tmp_path / "block"  # a sitecustomize that makes `import energyformer` fail
     block.mkdir()
     (block / "sitecustomize.py").write_text("import sys\nsys.modules['energyformer'] = None\n")

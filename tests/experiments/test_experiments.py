@@ -64,6 +64,24 @@ def test_resolve_is_recipe_plus_overrides():
     assert quick["train"]["max_steps"] == common.QUICK["train"]["max_steps"]
 
 
+def test_resolve_reads_the_bundled_recipes_of_an_installed_wheel(tmp_path, monkeypatch):
+    """A wheel has no configs/ beside the package, only energyformer/configs/ (utils.bundled): the
+    experiments read their recipes there, as ``train`` does, from any working directory."""
+    from energyformer.utils import bundled
+
+    package = tmp_path / "site-packages" / "energyformer"
+    shutil.copytree(bundled.recipes_dir(), package / "configs")
+    recipe = package / "configs" / "shakespeare_char" / "nrgpt.yaml"
+    recipe.write_text(recipe.read_text().replace("n_steps:", "n_steps: 5  # was", 1))
+    monkeypatch.setattr(bundled, "_PACKAGE", package)  # as installed: no ../configs
+    monkeypatch.chdir(tmp_path)
+    assert common.recipe_path("shakespeare_char/nrgpt.yaml") == recipe
+    assert resolve(Context("x"), "shakespeare_char/nrgpt.yaml")["model"]["n_steps"] == 5
+    monkeypatch.setattr(bundled, "_PACKAGE", tmp_path / "nowhere" / "energyformer")
+    with pytest.raises(FileNotFoundError, match="no bundled recipes were found"):
+        resolve(Context("x"), "shakespeare_char/nrgpt.yaml")
+
+
 def _fake_run(tmp_path, vals, every=100, steps=1000, cooldown=100):
     from energyformer.runs.config import load_config, save_config
 

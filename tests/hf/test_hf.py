@@ -311,6 +311,14 @@ def test_an_imported_run_is_fine_tuned_with_init_from(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert err.startswith("error: ") and "\n" not in err and "no training state" in err and hint in err, err
 
+    # the imported config names no dataset (not its own folder): without data, the hint says to give it
+    assert load_config(recipe).data.dataset == "none"
+    capsys.readouterr()
+    assert main(["train", recipe, "--train.init_from", str(imp), "--train.out_dir", str(ft)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    assert "names no dataset (an `energyformer import-hf` run has no training data)" in err
+    assert "--data.dataset NAME or --data.data_dir DIR" in err and "prepare text" not in err
     assert main(["train", recipe, "--train.init_from", str(imp), "--train.out_dir", str(ft), *args]) == 0
     first = json.loads((ft / "metrics.jsonl").read_text().splitlines()[0])
     assert first["step"] == 1  # its train loss is taken before the first update: the imported weights'

@@ -299,6 +299,17 @@ def test_foreign_train_state_and_pickles(tmp_path):
         checkpoint.restore_checkpoint(tmp_path, model, opt, gen)
     assert "holds objects other than tensors" in str(err.value)
     assert "weights_only" not in str(err.value) and "\n" not in str(err.value)
+    # a plain pickle: torch warns ("Detected pickle protocol 4") before refusing it; the user sees
+    # only our line (the CLI prints each warning as a line of its own)
+    import pickle
+    import warnings
+
+    with open(path, "wb") as f:
+        pickle.dump({"step": 3, "payload": Path("x")}, f, protocol=4)
+    with warnings.catch_warnings(record=True) as said, pytest.raises(ValueError, match="holds objects other than"):
+        warnings.simplefilter("always")
+        checkpoint.restore_checkpoint(tmp_path, model, opt, gen)
+    assert [str(w.message) for w in said] == []
 
 
 def test_checkpoint_files_get_the_umask_mode_not_0600(tmp_path):
