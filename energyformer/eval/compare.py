@@ -126,7 +126,7 @@ def _cell(key: str, value: Any) -> str:
         return f"{value:.1f}"
     if key == "tokens_per_s":
         return f"{value:,.0f}"
-    if isinstance(value, float):  # an option: 12 significant digits (3e-4·0.1 shows as 3e-05, not 3.0000000000000004e-05)
+    if isinstance(value, float):  # 12 significant digits: 3e-3·0.1 shows as 0.0003, not 0.00030000000000000003
         return f"{value:.12g}"
     return str(value).replace("|", "\\|")
 

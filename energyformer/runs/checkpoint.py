@@ -47,8 +47,15 @@ import torch
 import torch.nn as nn
 
 from energyformer.runs import sharded
-from energyformer.runs.layout import (CHECKPOINTS_DIR, CONFIG_FILE, MARKER_FILE, META_FILE, SHARDS_DIR, STATE_FILE,
-                                       WEIGHTS_FILE)
+from energyformer.runs.layout import (
+    CHECKPOINTS_DIR,
+    CONFIG_FILE,
+    MARKER_FILE,
+    META_FILE,
+    SHARDS_DIR,
+    STATE_FILE,
+    WEIGHTS_FILE,
+)
 from energyformer.runs.rng import rng_state, set_rng_state
 from energyformer.runs.weights import load_weights, unwrap_model, write_weights_file
 from energyformer.utils.io import atomic_write_json, temp_path_for, usual_mode

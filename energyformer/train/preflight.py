@@ -20,8 +20,7 @@ import torch
 
 from energyformer.models.registry import build_model
 from energyformer.runs import checkpoint as ckpt
-from energyformer.runs import rundir
-from energyformer.runs import sharded
+from energyformer.runs import rundir, sharded
 from energyformer.runs.config import DERIVED_TRAIN_KEYS, RunConfig, TrainConfig
 from energyformer.train import distributed as dist
 
