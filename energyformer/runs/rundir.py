@@ -248,7 +248,8 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu", *,
     The weights are the committed checkpoint's (``checkpoint.json``), else the top-level
     ``model.safetensors``; a sharded checkpoint (an FSDP2 run still training or killed) is
     consolidated from its DCP shards in this process, on the CPU, without a process group. The
-    tokenizer (meta.json) is checked against the data identity the run recorded, so a run is never decoded with another character table.
+    tokenizer (meta.json) is checked against the data identity the run recorded, so a run is
+    never decoded with another character table.
 
     Raises:
         NotADirectoryError: ``run_dir`` is a file.
