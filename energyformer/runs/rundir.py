@@ -193,6 +193,13 @@ def write_summary(run_dir: str | Path, summary: dict[str, Any]) -> Path:
     return atomic_write_json(Path(run_dir) / SUMMARY_FILE, summary)
 
 
+def clear_summary(run_dir: str | Path) -> None:
+    """Remove ``summary.json`` when a run starts (or resumes) training: the run is unfinished until
+    its new summary is written, so a stop in between never leaves the previous segment's numbers
+    looking like a finished run (``compare``, ``experiment`` records)."""
+    (Path(run_dir) / SUMMARY_FILE).unlink(missing_ok=True)
+
+
 def read_summary(run_dir: str | Path) -> dict[str, Any]:
     """The ``summary.json`` of a finished run.
 

@@ -142,6 +142,7 @@ def _train(run_cfg: RunConfig, info: dist.DistInfo, progress: bool | None) -> di
                 say(f"nothing to train: the run is at step {loop.step} of train.max_steps={tc.max_steps}")
                 return {**kept, "steps_this_run": 0, "resumed_from": loop.step}
         if info.is_main:
+            rundir.clear_summary(out_dir)  # unfinished from here until the new summary is written
             rundir.write_run_files(out_dir, run_cfg, data.meta, write_meta=start.state is None)
         info.barrier()
         loop.run(progress, resumed=start.state is not None)

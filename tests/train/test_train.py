@@ -429,3 +429,23 @@ def test_mfu_uses_the_measured_flops_of_the_model_once_per_run(data_dir, tmp_pat
     assert s["mfu"] == pytest.approx(calls[0] * s["tokens_per_s"] / 1e12)
     assert calls[0] > 6 * s["params_non_embedding"]  # the shared block is charged for each of its 3 steps
     assert not hasattr(loop_mod, "estimate_flops_per_token")
+
+
+def test_a_resume_stopped_before_its_end_leaves_no_stale_summary(data_dir, tmp_path, monkeypatch):
+    """Resuming a finished run for more steps removes its summary.json at the start: a stop before
+    the new end must not leave the previous segment's numbers looking like a finished run."""
+    from energyformer.runs.layout import SUMMARY_FILE
+
+    run = tmp_path / "run"
+    train(tiny_cfg(data_dir, run, max_steps=2, eval_iters=1), progress=False)
+    assert (run / SUMMARY_FILE).is_file()
+    seen = []
+
+    def stop(self, *a, **k):
+        seen.append((run / SUMMARY_FILE).exists())
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop_mod._Loop, "run", stop)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_cfg(data_dir, run, max_steps=4, eval_iters=1), progress=False)
+    assert seen == [False] and not (run / SUMMARY_FILE).exists()
