@@ -240,14 +240,16 @@ def inspect_run(run_dir: str | Path, prompt: str, out_dir: str | Path, n_steps: 
         raise ValueError(f"cannot encode the prompt with the run's {meta.get('tokenizer')!r} tokenizer: {e}") from None
     if not ids:
         raise ValueError("the prompt is empty; give at least one character")
-    ids = ids[-model.config.block_size:]
+    n_prompt, block = len(ids), model.config.block_size
+    ids = ids[-block:]
     kwargs = {k: v for k, v in (("n_steps", n_steps), ("stop_tol", stop_tol)) if v is not None}
     if kwargs and run_cfg.model.arch != "nrgpt":
         raise ValueError(f"n_steps/stop_tol at inference are NRGPT options; the run's arch is {run_cfg.model.arch!r}")
     report = energy_report(model, torch.tensor([ids], device=dev), **kwargs)
     tokens = [tokenizer.decode([i]) for i in ids]
     files = plot_report(report, tokens, out_dir)
-    out = {"run": str(run_dir), "arch": run_cfg.model.arch, "prompt": prompt, "tokens": tokens, **report,
+    out = {"run": str(run_dir), "arch": run_cfg.model.arch, "prompt": prompt, "tokens": tokens,
+           "dropped_tokens": n_prompt - len(ids), "block_size": block, **report,
            "files": [p.name for p in files] + ["trace.json"]}
     atomic_write_json(Path(out_dir) / "trace.json", out)
     return out
@@ -255,7 +257,12 @@ def inspect_run(run_dir: str | Path, prompt: str, out_dir: str | Path, n_steps: 
 
 def format_inspect(report: dict[str, Any]) -> str:
     """A short text summary: per block, mean energy per term at the first and last step, mean cos."""
-    lines = [f"{report['arch']} on {len(report['tokens'])} tokens; wrote {', '.join(report['files'])}"]
+    n = len(report["tokens"])
+    lines = [f"{report['arch']} on {n} token{'s' if n != 1 else ''}; wrote {', '.join(report['files'])}"]
+    if report.get("dropped_tokens"):
+        lines.insert(0, f"warning: the prompt has {report['dropped_tokens'] + n} tokens, more than the model's "
+                        f"block_size={report['block_size']}: traced its last {n}, the first "
+                        f"{report['dropped_tokens']} dropped")
     for b in report["blocks"]:
         terms = ", ".join(f"{t} {sum(e[0]) / len(e[0]):.4g} → {sum(e[-1]) / len(e[-1]):.4g}"
                           for t, e in b["energy"].items())

@@ -114,7 +114,15 @@ def test_inspect_command_writes_trace_and_plots(tmp_path, capsys):
     (block,) = trace["blocks"]
     assert block["steps"] == 4 and set(block["energy"]) == {"attn", "ff", "total"}
     assert (out / "energy_steps.png").stat().st_size > 0 and (out / "energy_heatmap.png").stat().st_size > 0
-    assert "mean cos" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "mean cos" in said and "warning" not in said
+    # a prompt longer than block_size (16) is cropped to its last 16 tokens, and the output says so
+    assert main(["inspect", str(run), "--prompt", "abcdefghij" * 2, "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "warning: the prompt has 20 tokens, more than the model's block_size=16: traced its last 16, " \
+           "the first 4 dropped" in said
+    trace = json.loads((out / "trace.json").read_text())
+    assert trace["dropped_tokens"] == 4 and trace["tokens"] == list("efghijabcdefghij")
     assert main(["inspect", str(run), "--prompt", "xyz", "--out", str(out)]) == 2
     assert "cannot encode the prompt" in capsys.readouterr().err
 
