@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import types
+import warnings
 from typing import Any
 
 import torch
@@ -140,6 +141,12 @@ def apply_data_parallel(model: nn.Module, info: DistInfo, dtype: str = "float32"
         for unit, reused in shard_units(model):
             fully_shard(unit, reshard_after_forward=not reused, ignored_params=scalars or None, mp_policy=policy)
         fully_shard(model, ignored_params=scalars or None, mp_policy=policy)
+        # FSDP2 warns on every rank when a sharded module returns a view (our models' logits and
+        # blocks' outputs can be reshapes): an in-place op on that view would skip its pre-backward
+        # hook. Nothing here changes a model output in place (the loss is out of place; the
+        # distributed tests hold the gradients equal to one process), so the warning does not
+        # apply, and cloning the (B, N, V) logits to silence it would cost memory.
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
         model._replicated_params = [p for p in model.parameters() if p in scalars and p.requires_grad]
         return model
     from torch.nn.parallel import DistributedDataParallel

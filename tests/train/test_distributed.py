@@ -327,6 +327,7 @@ def test_a_sharded_checkpoint_resumes_on_two_ranks_and_loads_in_one_process(data
            str(out), str(data_dir)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env())
     assert res.returncode == 0, res.stderr[-3000:]
+    assert "returned a view tensor" not in res.stderr  # FSDP2's view warning does not apply (parallelize)
     folder, shards = _shards(out)
     assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert not (folder / "model.safetensors").exists() and not (out / "model.safetensors").exists()
