@@ -60,7 +60,8 @@ def differing_options(options: Sequence[dict[str, Any]]) -> list[str]:
     """The keys whose value differs between the runs that have them (in first-seen order), less
     :data:`RUN_TIME_KEYS`. A key only one run has (e.g. an arch-specific option) is not a
     difference of its own: the ``arch`` column shows it."""
-    keys = list(dict.fromkeys(k for opts in options for k in opts if k not in RUN_TIME_KEYS))
+    keys = list(dict.fromkeys(k for opts in options for k in opts
+                              if k not in RUN_TIME_KEYS and k != "model.arch"))  # the arch column shows it
     out = []
     for key in keys:
         values: list[Any] = []

@@ -115,3 +115,11 @@ def test_float_options_print_without_rounding_noise():
 
     assert _cell("train.min_lr", 3e-3 * 0.1) == "0.0003" and _cell("train.learning_rate", 1e-3) == "0.001"
     assert _cell("model.n_steps", 4) == "4" and _cell("model.eta_param", "a|b") == "a\\|b"
+
+
+def test_the_arch_is_its_own_column_not_a_differing_option():
+    from energyformer.eval.compare import differing_options
+
+    opts = [{"model.arch": "gpt", "model.n_layers": 2, "train.seed": 1},
+            {"model.arch": "nrgpt", "model.n_steps": 4, "train.seed": 2}]
+    assert differing_options(opts) == ["train.seed"]
