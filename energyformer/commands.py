@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -387,7 +388,9 @@ def compare(run_dirs: Sequence[str], out: str | None = None, plot: str | None = 
     Args:
         run_dirs: run directories (train.out_dir of finished runs).
         out: also write the table (.md) or the rows (.json) here.
-        plot: save validation/training loss curves (PNG) here.
+        plot: save validation/training loss curves here (PNG; a folder gets curves.png, a name
+            without a suffix gets .png, and .pdf/.svg pick those formats). Each written path is
+            printed on stderr.
         x: the curves' x axis: tokens (tokens seen, from each run's config) or steps.
 
     Returns:
@@ -401,8 +404,14 @@ def compare(run_dirs: Sequence[str], out: str | None = None, plot: str | None = 
 
     if x not in X_AXES:
         raise ValueError(f"--x {x!r} is not valid; expected 'tokens' (tokens seen) or 'steps'")
-    if plot is not None:  # a missing matplotlib fails before anything is written
-        import matplotlib  # noqa: F401
+    if plot is not None:  # a missing matplotlib or a bad --plot fails before anything is written
+        import matplotlib  # noqa: F401  (first: a missing matplotlib is named even when a submodule is cached)
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        plot_file, formats = plot_path(plot), FigureCanvasBase.get_supported_filetypes()
+        if plot_file.suffix[1:].lower() not in formats:
+            raise ValueError(f"--plot {plot!r}: {plot_file.suffix!r} is not an image format matplotlib writes; "
+                             f"expected one of {', '.join('.' + f for f in sorted(formats))}")
     rows = compare_runs(run_dirs)
     table = format_markdown(rows)
     if out is not None:
@@ -410,9 +419,20 @@ def compare(run_dirs: Sequence[str], out: str | None = None, plot: str | None = 
         out_path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps(rows, indent=2) if out_path.suffix == ".json" else table
         out_path.write_text(text + "\n", encoding="utf-8")
+        print(f"wrote {out_path}", file=sys.stderr)
     if plot is not None:
-        plot_curves(run_dirs, plot, x=x)
+        print(f"wrote {plot_curves(run_dirs, plot_file, x=x)}", file=sys.stderr)
     return table
+
+
+def plot_path(plot: str) -> Path:
+    """Where ``compare --plot`` writes: ``DIR/curves.png`` for an existing folder (or a path ending
+    in a separator), ``PATH.png`` for a path without a suffix, else the path as given (its suffix
+    picks matplotlib's format: .png, .pdf, .svg, ...)."""
+    path = Path(plot)
+    if path.is_dir() or plot.endswith(("/", os.sep)):
+        return path / "curves.png"
+    return path if path.suffix else path.with_name(path.name + ".png")
 
 
 def export(run_dir: str, to: str | None = None, as_: str = "energyformer", verbose: bool = False,

@@ -123,3 +123,24 @@ def test_the_arch_is_its_own_column_not_a_differing_option():
     opts = [{"model.arch": "gpt", "model.n_layers": 2, "train.seed": 1},
             {"model.arch": "nrgpt", "model.n_steps": 4, "train.seed": 2}]
     assert differing_options(opts) == ["train.seed"]
+
+
+def test_compare_plot_into_a_folder_or_without_suffix(tmp_path, capsys):
+    a = _run(tmp_path, "a")
+    folder = tmp_path / "plots"
+    folder.mkdir()
+    assert main(["compare", str(a), "--plot", str(folder), "--x", "steps"]) == 0
+    assert (folder / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert f"wrote {folder / 'curves.png'}" in capsys.readouterr().err
+    assert main(["compare", str(a), "--plot", str(tmp_path / "new") + "/", "--x", "steps"]) == 0
+    assert (tmp_path / "new" / "curves.png").is_file()
+    assert main(["compare", str(a), "--plot", str(tmp_path / "bare"), "--x", "steps",
+                 "--out", str(tmp_path / "t.md")]) == 0
+    err = capsys.readouterr().err
+    assert (tmp_path / "bare.png").read_bytes()[:4] == b"\x89PNG" and not (tmp_path / "bare").exists()
+    assert f"wrote {tmp_path / 't.md'}" in err and f"wrote {tmp_path / 'bare.png'}" in err
+    assert main(["compare", str(a), "--plot", str(tmp_path / "c.svg"), "--x", "steps"]) == 0
+    assert (tmp_path / "c.svg").read_text().lstrip().startswith("<?xml")
+    assert main(["compare", str(a), "--plot", str(tmp_path / "c.txt"), "--x", "steps"]) == 2
+    assert "--plot '" in (err := capsys.readouterr().err) and "'.txt' is not an image format" in err
+    assert not (tmp_path / "c.txt").exists()
