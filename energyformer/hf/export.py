@@ -99,12 +99,31 @@ def _check_target(to: Path) -> None:
                          "choose an empty or new folder")
 
 
+#: the files an export (ours or transformers' save_pretrained, any format) may leave in its folder
+EXPORT_FILE_PATTERNS = ("config.json", "generation_config.json", "model.safetensors", "model-*-of-*.safetensors",
+                        "model.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json",
+                        "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                        "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model", "chat_template.jinja",
+                        "README.md", "energyformer_*.py", "*_energyformer.py")
+
+
+def _remove_earlier_export(to: Path) -> None:
+    """Delete an earlier export's files from ``to`` so that none of them outlives the new export (a
+    BPE ``vocab.json`` beside a new character tokenizer, stale shards or remote code); files no
+    export writes are left alone."""
+    for pattern in EXPORT_FILE_PATTERNS:
+        for old in to.glob(pattern):
+            if old.is_file():
+                old.unlink()
+
+
 def export_run(run_dir: str | Path, to: str | Path, as_: str = "energyformer", progress: bool = False) -> Path:
     """Write the run's model and tokenizer as a Hugging Face folder ``to``; returns ``to``.
 
     Args:
         run_dir: a run directory with a complete checkpoint.
-        to: the output folder (created; an earlier export there is overwritten).
+        to: the output folder (created; an earlier export there is replaced: its files are deleted
+            first, see ``EXPORT_FILE_PATTERNS``; files no export writes are kept).
         as_: ``"energyformer"`` (our model classes, any family), ``"llama"`` (stock Llama: our
             Llama, or CEM at T = 1 with ``rope: llama``, ``interaction: lowrank``, no
             preconditioner) or ``"gpt2"`` (stock GPT-2: our GPT without an LM-head bias).
@@ -141,8 +160,7 @@ def export_run(run_dir: str | Path, to: str | Path, as_: str = "energyformer", p
     if remote_code:
         hf.config.auto_map = auto_map(c.arch)
     to.mkdir(parents=True, exist_ok=True)
-    for old in [*to.glob("energyformer_*.py"), *to.glob("*_energyformer.py")]:  # an earlier export's code
-        old.unlink()
+    _remove_earlier_export(to)
     with progress_bars(progress):
         hf.eval().save_pretrained(to)
         tokenizer.save_pretrained(to)

@@ -446,6 +446,24 @@ def test_re_export_refuses_a_folder_with_files_unless_force(trained, tmp_path, c
     _refused_unless_force(["export", str(trained)], "--to", tmp_path / "hf", "config.json", capsys)
 
 
+def test_export_force_leaves_none_of_the_earlier_exports_files(trained, tmp_path):
+    from transformers import AutoModelForCausalLM, GPT2LMHeadModel
+
+    hf = tmp_path / "hf"
+    assert main(["export", str(trained), "--to", str(hf)]) == 0
+    remote = sorted(p.name for p in hf.glob("*energyformer*.py"))
+    assert remote  # --as energyformer carries its code
+    for stale in ("vocab.json", "merges.txt", "model-00001-of-00002.safetensors", "model.safetensors.index.json"):
+        (hf / stale).write_text("{}")  # what an earlier BPE or sharded export would have left
+    (hf / "notes.txt").write_text("mine")
+    assert main(["export", str(trained), "--to", str(hf), "--as", "gpt2", "--force"]) == 0
+    left = {p.name for p in hf.iterdir()}
+    assert not left & {*remote, "vocab.json", "merges.txt", "model-00001-of-00002.safetensors",
+                       "model.safetensors.index.json"}, left
+    assert (hf / "notes.txt").read_text() == "mine"  # not an export's file: kept
+    assert type(AutoModelForCausalLM.from_pretrained(hf)) is GPT2LMHeadModel  # no remote code needed
+
+
 def test_import_hf_refuses_a_folder_with_files_unless_force_as_export_does(trained, tmp_path, capsys):
     import shutil
 
