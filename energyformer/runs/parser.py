@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
-from jsonargparse import ArgumentError, ArgumentParser, get_loader, set_loader
+from jsonargparse import ArgumentError, ArgumentParser, DefaultHelpFormatter, get_loader, set_loader
 
 from energyformer._validate import nonfinite_float
 
@@ -89,6 +89,18 @@ def _flat(obj: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+class HelpFormatter(DefaultHelpFormatter):
+    """jsonargparse's help, with a string default that is blank or not printable (``--prompt``'s
+    newline) shown as its Python literal, ``'\\n'``, instead of as nothing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = super()._get_help_string(action)
+        default = action.default
+        if isinstance(default, str) and (not default.strip() or not default.isprintable()):
+            text = text.replace("%(default)s", repr(default))  # (jsonargparse's template knows only %(...)s)
+        return text
+
+
 class ArgParser(ArgumentParser):
     """``jsonargparse.ArgumentParser`` with the conventions above; errors raise ``ValueError``.
 
@@ -101,7 +113,8 @@ class ArgParser(ArgumentParser):
     config_flag: str | None = None  # e.g. "config": `--config FILE` is the first positional, FILE
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs = {"exit_on_error": False, "allow_abbrev": False, "parser_mode": LOAD_MODE, **kwargs}
+        kwargs = {"exit_on_error": False, "allow_abbrev": False, "parser_mode": LOAD_MODE,
+                  "formatter_class": HelpFormatter, **kwargs}
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = NEGATIVE_VALUE
         self.hints: dict[str, Any] = {}  # option dest -> its type annotation

@@ -182,3 +182,10 @@ def test_an_integer_option_takes_scientific_notation(tmp_path):
     with pytest.raises(ValueError, match=r"train.max_steps.*must be an integer") as e:
         load_config(base, ["--train.max_steps", "1.5e0"])
     assert "\n" not in str(e.value)
+
+
+def test_help_shows_a_blank_string_default_as_its_literal(capsys):
+    assert main(["inspect", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # the help is wrapped to the terminal
+    assert "type: str, default: '\\n')" in out  # --prompt's newline, not an empty "default: "
+    assert "type: str, default: auto)" in out  # a printable string default stays as it was
