@@ -353,11 +353,15 @@ def quiet_bars(quiet: bool) -> Iterator[None]:
 
 def run_tasks(lm: Any, tasks: list[str], include_path: str | None = None, limit: int | None = None,
               num_fewshot: int | None = None, log_samples: bool = False,
-              include_defaults: bool = True, model_args: dict[str, Any] | None = None) -> dict[str, Any]:
+              include_defaults: bool = True, model_args: dict[str, Any] | None = None,
+              task_manager: Any = None) -> dict[str, Any]:
     """``lm_eval.simple_evaluate`` of ``lm`` (our adapter, or any lm-eval model, or a model name
     such as ``"hf"``) on ``tasks``; ``include_defaults=False`` skips indexing lm-eval's own
     thousands of task files (seconds) when only ``include_path`` tasks are wanted. An adapter
     with ``progress=False`` runs without any progress bar (:func:`quiet_bars`).
+    ``task_manager``: an ``lm_eval.tasks.TaskManager`` already built (e.g. by
+    :func:`energyformer.eval.suite.check_tasks`), used instead of indexing the tasks again;
+    ``include_path`` and ``include_defaults`` are then ignored.
 
     Returns lm-eval's results dict (``"results"`` per task; ``"samples"`` with ``log_samples``).
 
@@ -370,7 +374,8 @@ def run_tasks(lm: Any, tasks: list[str], include_path: str | None = None, limit:
 
     if isinstance(lm, str):
         import lm_eval.models  # noqa: F401  (registers lm-eval's own models: hf, ...)
-    manager = TaskManager(include_path=include_path, include_defaults=include_defaults)
+    manager = task_manager if task_manager is not None else TaskManager(
+        include_path=include_path, include_defaults=include_defaults)
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
         raise ValueError(f"unknown lm-eval task {unknown[0]!r}")

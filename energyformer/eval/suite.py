@@ -50,8 +50,12 @@ def parse_tasks(tasks: str | Sequence[str]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def check_tasks(names: list[str], include_path: str | None = None) -> None:
+def check_tasks(names: list[str], include_path: str | None = None) -> Any:
     """Refuse unknown task names before any model runs.
+
+    Returns the ``lm_eval.tasks.TaskManager`` that indexed the lm-eval tasks (``None`` when every
+    name is built in), for :func:`energyformer.eval.harness.run_tasks` to reuse: indexing
+    lm-eval's thousands of task files is the slowest part of a short evaluation.
 
     Raises:
         ValueError: a name that is neither built in nor an lm-eval task (the message names it).
@@ -60,7 +64,7 @@ def check_tasks(names: list[str], include_path: str | None = None) -> None:
     """
     others = [n for n in names if n not in BUILTIN_TASKS]
     if not others:
-        return
+        return None
     from lm_eval.tasks import TaskManager
 
     from energyformer.eval.harness import check_hub
@@ -72,6 +76,7 @@ def check_tasks(names: list[str], include_path: str | None = None) -> None:
         raise ValueError(f"unknown task {unknown[0]!r}: expected {', '.join(BUILTIN_TASKS)} or an lm-eval task "
                          f"name (`lm_eval ls tasks`; {len(known)} known)")
     check_hub(manager, others, bundled=BUILTIN_TASKS)
+    return manager
 
 
 @torch.no_grad()
@@ -164,7 +169,7 @@ def evaluate_run(run_dir: str | Path, tasks: str | Sequence[str] = BUILTIN_TASKS
     from energyformer.runs.checkpoint import find_checkpoint
 
     names = parse_tasks(tasks)
-    check_tasks(names, include_path)
+    manager = check_tasks(names, include_path)  # one index of lm-eval's tasks for the whole call
     if limit is not None:
         check_int("limit", limit, minimum=1)
     run_dir = Path(run_dir)
@@ -180,7 +185,8 @@ def evaluate_run(run_dir: str | Path, tasks: str | Sequence[str] = BUILTIN_TASKS
     for i, name in enumerate(names, 1):
         say(f"eval {name} ({i}/{len(names)}): started")
         start = time.perf_counter()
-        report["tasks"][name] = _run_task(name, lm, run_dir, num_fewshot, limit, include_path, device, progress)
+        report["tasks"][name] = _run_task(name, lm, run_dir, num_fewshot, limit, include_path, device, progress,
+                                          manager)
         say(f"eval {name} ({i}/{len(names)}): done in {time.perf_counter() - start:.1f} s")
     out = Path(out) if out is not None else run_dir / "eval.json"
     atomic_write_json(out, report)
@@ -189,7 +195,7 @@ def evaluate_run(run_dir: str | Path, tasks: str | Sequence[str] = BUILTIN_TASKS
 
 
 def _run_task(name: str, lm: Any, run_dir: Path, num_fewshot: int, limit: int | None, include_path: str | None,
-              device: str, progress: bool | None) -> dict[str, Any]:
+              device: str, progress: bool | None, manager: Any = None) -> dict[str, Any]:
     """The results of one task of :func:`evaluate_run` on the adapter ``lm``."""
     from energyformer.data import load_tokenizer
     from energyformer.eval import harness, mmlu
@@ -212,7 +218,8 @@ def _run_task(name: str, lm: Any, run_dir: Path, num_fewshot: int, limit: int | 
         return {**mmlu.accuracy_table(samples), **{k: built[k] for k in (
             "n_parse_skipped", "n_oov_skipped", "num_fewshot", "shots", "n_truncated",
             "subject_line_chars_removed")}}
-    res = harness.run_tasks(lm, [name], include_path=include_path, limit=limit, num_fewshot=num_fewshot)
+    res = harness.run_tasks(lm, [name], include_path=include_path, limit=limit, num_fewshot=num_fewshot,
+                            task_manager=manager)
     return res["results"][name]
 
 

@@ -189,6 +189,28 @@ def test_a_hub_task_fails_at_once_in_one_line_when_the_hub_is_unreachable(tmp_pa
     assert set(json.loads((tmp_path / "r.json").read_text())["tasks"]) == {"mmlu_dev", "val_loss", "tiny_local_mc"}
 
 
+def test_one_eval_indexes_lm_evals_tasks_once(tmp_path, monkeypatch):
+    """The check of the task names and every lm-eval task of one call share one TaskManager (each
+    index of lm-eval's task files takes seconds). Defaults are left out here to keep the test fast."""
+    import lm_eval.tasks
+
+    real, built = lm_eval.tasks.TaskManager, []
+
+    def counting(*args, **kwargs):
+        built.append(kwargs.get("include_path"))
+        return real(*args, **{**kwargs, "include_defaults": False})
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", counting)
+    run = make_run(tmp_path / "run", {"arch": "gpt"}, data_dir=make_data(tmp_path / "data"))
+    doc = [{"q": "the cat", "choices": [" sat", " ran"], "answer": 0}]
+    tasks = local_task(tmp_path / "tasks", doc)
+    local_task(tasks, doc, name="tiny_local_mc2")
+    assert main(["eval", str(run), "--tasks", "tiny_local_mc,tiny_local_mc2", "--quiet", "--num_fewshot", "0",
+                 "--include_path", str(tasks), "--out", str(tmp_path / "r.json")]) == 0
+    assert built == [str(tasks)]
+    assert set(json.loads((tmp_path / "r.json").read_text())["tasks"]) == {"tiny_local_mc", "tiny_local_mc2"}
+
+
 def test_hub_datasets_follow_groups_and_tags_and_the_check_needs_only_an_answer(tmp_path, monkeypatch):
     import http.server
     import threading
