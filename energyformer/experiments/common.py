@@ -449,10 +449,10 @@ def stable_end(train: Mapping[str, Any]) -> int:
 
 def convergence(run_dir: Path) -> dict[str, Any]:
     """The slope of the validation loss over the last :data:`WINDOW` of the steps before the
-    cooldown (least squares, nats per 1,000 steps), the fitted drop across that window, and
-    ``converged``: the drop is below :data:`PLATEAU_REL` of the loss (a rising loss counts as
-    converged: it is past its best). ``converged`` is ``None`` with fewer than 3 evaluations in the
-    window."""
+    cooldown (least squares, nats per 1,000 steps), the fitted drop across that window (``drop``,
+    nats; ``drop_rel``, as a share of the window's mean loss), and ``converged``: ``drop_rel`` is
+    below :data:`PLATEAU_REL` (a rising loss counts as converged: it is past its best). The three
+    are ``None`` with fewer than 3 evaluations in the window."""
     train = read_run_config(run_dir).to_dict()["train"]
     end = stable_end(train)
     start = end - WINDOW * end
@@ -460,13 +460,14 @@ def convergence(run_dir: Path) -> dict[str, Any]:
     pts = [(s, v) for s, v in zip(steps, vals) if start <= s <= end]
     out: dict[str, Any] = {"window": [int(start), end], "evals_in_window": len(pts)}
     if len(pts) < 3:
-        return {**out, "slope_per_1k": None, "drop": None, "converged": None}
+        return {**out, "slope_per_1k": None, "drop": None, "drop_rel": None, "converged": None}
     xs, ys = [p[0] for p in pts], [p[1] for p in pts]
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
     drop = -slope * (end - start)
     level = abs(my) if my else 1.0
-    return {**out, "slope_per_1k": slope * 1000, "drop": drop, "converged": bool(drop < PLATEAU_REL * level)}
+    return {**out, "slope_per_1k": slope * 1000, "drop": drop, "drop_rel": drop / level,
+            "converged": bool(drop / level < PLATEAU_REL)}
 
 
 def converged_cell(convs: Sequence[Mapping[str, Any]]) -> str:
