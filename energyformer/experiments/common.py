@@ -451,7 +451,7 @@ def convergence(run_dir: Path) -> dict[str, Any]:
     """The slope of the validation loss over the last :data:`WINDOW` of the steps before the
     cooldown (least squares, nats per 1,000 steps), the fitted drop across that window (``drop``,
     nats; ``drop_rel``, as a share of the window's mean loss), and ``converged``: ``drop_rel`` is
-    below :data:`PLATEAU_REL` (a rising loss counts as converged: it is past its best). The three
+    below :data:`PLATEAU_REL` (a rising loss counts as converged: it is past its best). All four
     are ``None`` with fewer than 3 evaluations in the window."""
     train = read_run_config(run_dir).to_dict()["train"]
     end = stable_end(train)
