@@ -4,6 +4,8 @@ recurrent CEM (T = 2 per sub-block) (docs/nrgpt.md §6, docs/cem.md §6), on the
 of two other experiments (reused, or trained first if they are not recorded yet):
 
 - NRGPT FF2W, free η, trained with 4 steps: ``energy_descent``'s ``nrgpt_full_s<seed>``;
+- NRGPT FF2W, η = c·diag(γ) (the arm with the descent guarantee, docs/nrgpt.md §4), 4 steps:
+  ``energy_descent``'s ``nrgpt_c_diag_gamma_s<seed>``;
 - CEM T = 2 (d_model 128, 4 layers): ``cem_ablation``'s ``cem_T_2_s<seed>``.
 
 Validation loss on 10 fixed batches at K ∈ {1, …, 2T_trained} steps (CEM: both sub-blocks of
@@ -34,11 +36,11 @@ def source_run(ctx: Context, label: str, seed: int):
                     quick=ctx.quick, results_dir=ctx.results_dir, work_dir=ctx.work_dir, data_root=ctx.data_root,
                     verbose=ctx.verbose, profile=ctx.profile)
     if label.startswith("NRGPT"):
-        return energy_descent.trained_run(other, "full", seed)
+        return energy_descent.trained_run(other, "c_diag_gamma" if "diag" in label else "full", seed)
     return cem_ablation.trained_run(other, "cem T=2", seed)
 
 
-MODELS = {"NRGPT FF2W (T=4)": 4, "CEM (T=2)": 2}
+MODELS = {"NRGPT FF2W free η (T=4)": 4, "NRGPT FF2W η = c·diag(γ) (T=4)": 4, "CEM (T=2)": 2}
 
 
 @contextlib.contextmanager
@@ -74,7 +76,8 @@ class _WithKwargs(torch.nn.Module):
 
 
 def run(ctx: Context) -> dict[str, Any]:
-    """Train both models per seed; validation loss at every K (and NRGPT with stop_tol)."""
+    """For each model and seed (trained first if not recorded): validation loss at every K, and for
+    NRGPT with ``stop_tol``."""
     from energyformer.data import load_split
     from energyformer.eval.loss import estimate_loss
     from energyformer.runs.rundir import load_run
