@@ -217,9 +217,13 @@ def same_config(run_dir: Path, cfg: Mapping[str, Any]) -> bool:
 # --------------------------------------------------------------------------------------------
 
 def record_dir(ctx: Context, run: str) -> Path:
-    """Where a run can be loaded from: its record if it holds the weights, else its work directory."""
-    rec = ctx.records / run
-    return rec if (rec / "model.safetensors").is_file() else ctx.runs / run
+    """Where a run can be loaded from: its record if it holds the weights; else its work directory
+    if that holds the run (weights included); else its record (config, metrics and summary: all
+    that the tables and curves read, e.g. on a fresh checkout where the work directory is gone)."""
+    rec, out = ctx.records / run, ctx.runs / run
+    if (rec / "model.safetensors").is_file() or not (out / CONFIG_FILE).is_file():
+        return rec
+    return out
 
 
 def _save_record(ctx: Context, run: str, keep_weights: bool) -> None:

@@ -36,20 +36,17 @@ def test_experiment_quick(name, tmp_path, capsys):
     assert main(args) == 0
     again = capsys.readouterr().out
     assert "finished earlier" in again and ": best val " not in again
-
-
-def test_records_are_reused_from_results_on_a_fresh_machine(tmp_path, capsys):
-    """A finished run recorded under results/NAME/runs is reused when the work directory is gone."""
-    ctx = Context("energy_descent", seeds=1, quick=True, work_dir=tmp_path / "w1", verbose=True)
-    run_experiment("energy_descent", seeds=1, quick=True, work_dir=tmp_path / "w1")
-    capsys.readouterr()
-    # the trained run directories are gone (a fresh checkout): only the records and the data remain
+    if name == "inference_steps":
+        return
+    # on a fresh machine (the trained run directories gone, only the records under NAME/runs and the
+    # data left) every finished run is still reused from its record
+    ctx = Context(name, seeds=1, quick=True, work_dir=tmp_path / "work")
     for d in ctx.runs.iterdir():
         if d.name != "data":
             shutil.rmtree(d)
-    run_experiment("energy_descent", seeds=1, quick=True, work_dir=tmp_path / "w1")
-    said = capsys.readouterr().out
-    assert ": best val " not in said and said.count("finished earlier") >= 8  # sweeps (with extensions) + seeds
+    assert main(args) == 0
+    fresh = capsys.readouterr().out
+    assert ": best val " not in fresh and fresh.count("finished earlier") == again.count("finished earlier")
 
 
 def test_resolve_is_recipe_plus_overrides():
