@@ -1,6 +1,6 @@
 """(f) ``inference_steps``: validation loss vs the number of descent steps at inference, fewer and
 more than trained, for NRGPT (and with per-token early stopping ``stop_tol``) and for a
-recurrent CEM (T = 2 per sub-block) (docs/nrgpt.md §6, docs/cem.md §6), on the converged models
+recurrent CEM (T = 2 per sub-block) (docs/nrgpt.md §6, docs/cem.md §6), on the trained models
 of two other experiments (reused, or trained first if they are not recorded yet):
 
 - NRGPT FF2W, free η, trained with 4 steps: ``energy_descent``'s ``nrgpt_full_s<seed>``;
@@ -29,7 +29,7 @@ DEFAULT_SEEDS = 2
 
 
 def source_run(ctx: Context, label: str, seed: int):
-    """The converged run of ``label`` from its source experiment (trained there if missing)."""
+    """The trained run of ``label`` from its source experiment (trained there if missing)."""
     from energyformer.experiments import cem_ablation, energy_descent
 
     other = Context(name="energy_descent" if label.startswith("NRGPT") else "cem_ablation", seeds=ctx.seeds,
