@@ -1,5 +1,5 @@
 """(a) ``cem_ablation``: Llama against the CEM options on Shakespeare-char (docs/cem.md), trained
-to a plateau at about 20 tokens per parameter.
+toward a plateau at about 20 tokens per parameter (the table says which runs reached it).
 
 Runs: the recipes ``configs/shakespeare_char/{llama, cem, cem_t2, cem_diag_shared, cem_full}.yaml``
 (d_model 128, 4 layers, 4 heads, d_ff 352, block 128, batch 32; vocabulary 74, so the body holds
@@ -10,9 +10,9 @@ Seeds: 3 for Llama, tied T=1 and T=2; 2 for diag_shared and full (``--seeds K``:
 Floors: the unigram and bigram count models of the same corpus (nats per character).
 
 Budget (2-core CPU, 2 threads, measured): 13 runs of 4,000 steps (a Llama run ≈ 21 minutes at
-≈ 15k tokens/s, a tied T=1 run ≈ 22–24, T=2 ≈ 39; full is estimated at ≈ 2.5× a T=1 step) and
-6–10 sweep runs of 1,000 steps (≈ 7–11 minutes each; a sweep whose best LR is at its edge is
-extended) ≈ 8 hours.
+≈ 15k tokens/s, a tied T=1 run ≈ 21–24, T=2 ≈ 39, diag_shared ≈ 26–27, full ≈ 53) and 6–10 sweep
+runs of 1,000 steps (≈ 7–11 minutes each; a sweep whose best LR is at its edge is extended)
+≈ 8.5–9 hours.
 ``--quick``: the docstring corpus, d_model 16, 20 steps.
 """
 from __future__ import annotations
