@@ -28,19 +28,21 @@ TOLS = (0.1, 0.01, 0.001)
 DEFAULT_SEEDS = 2
 
 
+#: row label -> (source experiment, its arm: energy_descent's η or cem_ablation's row, steps trained)
+MODELS = {"NRGPT FF2W free η (T=4)": ("energy_descent", "full", 4),
+          "NRGPT FF2W η = c·diag(γ) (T=4)": ("energy_descent", "c_diag_gamma", 4),
+          "CEM (T=2)": ("cem_ablation", "cem T=2", 2)}
+
+
 def source_run(ctx: Context, label: str, seed: int):
     """The trained run of ``label`` from its source experiment (trained there if missing)."""
     from energyformer.experiments import cem_ablation, energy_descent
 
-    other = Context(name="energy_descent" if label.startswith("NRGPT") else "cem_ablation", seeds=ctx.seeds,
-                    quick=ctx.quick, results_dir=ctx.results_dir, work_dir=ctx.work_dir, data_root=ctx.data_root,
-                    verbose=ctx.verbose, profile=ctx.profile)
-    if label.startswith("NRGPT"):
-        return energy_descent.trained_run(other, "c_diag_gamma" if "diag" in label else "full", seed)
-    return cem_ablation.trained_run(other, "cem T=2", seed)
-
-
-MODELS = {"NRGPT FF2W free η (T=4)": 4, "NRGPT FF2W η = c·diag(γ) (T=4)": 4, "CEM (T=2)": 2}
+    experiment, arm, _ = MODELS[label]
+    other = Context(name=experiment, seeds=ctx.seeds, quick=ctx.quick, results_dir=ctx.results_dir,
+                    work_dir=ctx.work_dir, data_root=ctx.data_root, verbose=ctx.verbose, profile=ctx.profile)
+    source = energy_descent if experiment == "energy_descent" else cem_ablation
+    return source.trained_run(other, arm, seed)
 
 
 @contextlib.contextmanager
@@ -84,7 +86,7 @@ def run(ctx: Context) -> dict[str, Any]:
 
     results: dict[str, Any] = {}
     names = []
-    for label, trained in MODELS.items():
+    for label, (_, _, trained) in MODELS.items():
         per_seed = []
         for seed in ctx.seed_list(DEFAULT_SEEDS):
             where = source_run(ctx, label, seed)

@@ -28,7 +28,7 @@ def test_experiment_quick(name, tmp_path, capsys):
     assert list(out.glob("*.png")), "every experiment writes its plots"
     if name == "inference_steps":  # both NRGPT η arms and CEM T=2, each from its source experiment
         assert len(results["rows"]) == 3 and any("c_diag_gamma" in s for s in results["sources"])
-    if name != "inference_steps":  # it reuses the runs of energy_descent and cem_ablation
+    else:  # inference_steps trains nothing of its own: it reuses the runs of energy_descent and cem_ablation
         assert (out / "curves.png").is_file() or (out / "loss_curves.png").is_file()
         runs = sorted(p.name for p in (out / "runs").iterdir())
         assert runs and all((out / "runs" / r / "summary.json").is_file() for r in runs)
