@@ -10,7 +10,7 @@ Seeds: 3 for Llama, tied T=1 and T=2; 2 for diag_shared and full (``--seeds K``:
 Floors: the unigram and bigram count models of the same corpus (nats per character).
 
 Budget (2-core CPU, 2 threads, measured): 13 runs of 4,000 steps (a Llama run ≈ 21 minutes at
-≈ 15k tokens/s, a tied T=1 run ≈ 21–24, T=2 ≈ 39, diag_shared ≈ 26–27, full ≈ 53) and 6–10 sweep
+≈ 15k tokens/s, a tied T=1 run ≈ 21–24, T=2 ≈ 39, diag_shared ≈ 27–28, full ≈ 52) and 6–10 sweep
 runs of 1,000 steps (≈ 7–11 minutes each; a sweep whose best LR is at its edge is extended)
 ≈ 8.5–9 hours.
 ``--quick``: the docstring corpus, d_model 16, 20 steps.

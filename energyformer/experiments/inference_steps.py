@@ -12,6 +12,9 @@ Validation loss on 10 fixed batches at K ∈ {1, …, 2T_trained} steps (CEM: bo
 every layer run K steps), and NRGPT with 8 steps and ``stop_tol`` ∈ {0.1, 0.01, 0.001} (mean steps
 taken reported). Seeds: 2 (those of the source experiments).
 
+The table gives, beside each loss, whether the trained model met the plateau rule of its source
+experiment (its "converged" cell), and the unigram and bigram count-model floors of the corpus.
+
 Budget: evaluation only (minutes) once the source runs exist. ``--quick``: the quick runs of both.
 """
 from __future__ import annotations
@@ -22,7 +25,18 @@ from typing import Any
 
 import torch
 
-from energyformer.experiments.common import Context, finish_axes, markdown_table, pm, pyplot, save_figure, write_results
+from energyformer.experiments.common import (
+    Context,
+    converged_cell,
+    convergence,
+    finish_axes,
+    floors_table,
+    markdown_table,
+    pm,
+    pyplot,
+    save_figure,
+    write_results,
+)
 
 TOLS = (0.1, 0.01, 0.001)
 DEFAULT_SEEDS = 2
@@ -81,11 +95,13 @@ def run(ctx: Context) -> dict[str, Any]:
     """For each model and seed (trained first if not recorded): validation loss at every K, and for
     NRGPT with ``stop_tol``."""
     from energyformer.data import load_split
+    from energyformer.eval.floors import dataset_floors
     from energyformer.eval.loss import estimate_loss
     from energyformer.runs.rundir import load_run
 
     results: dict[str, Any] = {}
     names = []
+    floors: dict[str, dict[str, float]] = {}  # corpus path -> floors (one corpus unless --quick)
     for label, (_, _, trained) in MODELS.items():
         per_seed = []
         for seed in ctx.seed_list(DEFAULT_SEEDS):
@@ -93,6 +109,10 @@ def run(ctx: Context) -> dict[str, Any]:
             names.append(str(where))
             model, run_cfg, _ = load_run(where)
             val = load_split(run_cfg.data.path, "val")
+            if str(run_cfg.data.path) not in floors:
+                f = dataset_floors(run_cfg.data.path)
+                floors[str(run_cfg.data.path)] = {"unigram count model": float(f["unigram"]),
+                                                  "bigram count model": float(f["bigram"])}
             tc = run_cfg.train
 
             def loss_of(m: torch.nn.Module, val=val, tc=tc, run_cfg=run_cfg) -> float:
@@ -100,7 +120,8 @@ def run(ctx: Context) -> dict[str, Any]:
                                      block_size=run_cfg.model.block_size, seed=tc.seed)["val"]
 
             ks = list(range(1, 2 * trained + 1))
-            entry: dict[str, Any] = {"trained_steps": trained, "k": ks, "loss": []}
+            entry: dict[str, Any] = {"trained_steps": trained, "k": ks, "loss": [],
+                                     "convergence": convergence(where)}
             for k in ks:
                 if run_cfg.model.arch == "nrgpt":
                     entry["loss"].append(loss_of(_WithKwargs(model, n_steps=k)))
@@ -117,14 +138,18 @@ def run(ctx: Context) -> dict[str, Any]:
         results[label] = per_seed
     rows = []
     for label, per_seed in results.items():
+        conv = converged_cell([s["convergence"] for s in per_seed])
         for i, k in enumerate(per_seed[0]["k"]):
             mark = " (trained)" if k == per_seed[0]["trained_steps"] else ""
-            rows.append([label, f"{k}{mark}", pm([s["loss"][i] for s in per_seed])])
+            rows.append([label, f"{k}{mark}", pm([s["loss"][i] for s in per_seed]), conv])
         for tol in per_seed[0].get("stop_tol", {}):
             rows.append([label, f"≤ {2 * per_seed[0]['trained_steps']}, stop_tol {tol} (mean "
                                 f"{sum(s['stop_tol'][tol]['mean_steps'] for s in per_seed) / len(per_seed):.2f} steps)",
-                         pm([s["stop_tol"][tol]["loss"] for s in per_seed])])
-    table = markdown_table(["model", "steps at inference", "val loss"], rows)
+                         pm([s["stop_tol"][tol]["loss"] for s in per_seed]), conv])
+    table = markdown_table(["model", "steps at inference", "val loss", "trained model converged"], rows)
+    # every source trains on the same corpus (--quick: the same text, prepared once per source)
+    for f in dict.fromkeys(tuple(f.items()) for f in floors.values()):
+        table += "\n\n" + floors_table(dict(f), "val loss (nats/char)")
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for label, per_seed in results.items():
@@ -136,5 +161,7 @@ def run(ctx: Context) -> dict[str, Any]:
     save_figure(ctx, fig, "loss_vs_steps.png")
     header = (f"Validation loss vs steps at inference, {len(ctx.seed_list(DEFAULT_SEEDS))} seed(s); "
               "nats per character; "
-              "models from energy_descent (NRGPT) and cem_ablation (CEM T=2).")
-    return write_results(ctx, table, {"rows": results, "sources": names}, header)
+              "models from energy_descent (NRGPT) and cem_ablation (CEM T=2). Trained model converged: "
+              "its fitted val loss fell < 1% over the last 30% of the pre-cooldown steps (over seeds, "
+              "slope in nats/char per 1k steps).")
+    return write_results(ctx, table, {"rows": results, "sources": names, "floors": floors}, header)
