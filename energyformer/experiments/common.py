@@ -592,9 +592,14 @@ def plot_learning_curves(ctx: Context, groups: Mapping[str, Sequence[Path]], fil
 def count_floors(data: Mapping[str, Any] | None, ctx: Context, dataset: str = "shakespeare_char") -> dict[str, float]:
     """The unigram and bigram count-model validation losses (nats/token) of the corpus of a run's
     ``data`` section (``None``: the prepared ``dataset`` under ``ctx.data_root``), as table floors."""
+    return corpus_floors(Path(data["root"]) / data["dataset"] if data else Path(ctx.data_root) / dataset)
+
+
+def corpus_floors(path: str | Path) -> dict[str, float]:
+    """The unigram and bigram count-model validation losses (nats/token) of the prepared dataset
+    at ``path``, as table floors."""
     from energyformer.eval.floors import dataset_floors
 
-    path = Path(data["root"]) / data["dataset"] if data else Path(ctx.data_root) / dataset
     floors = dataset_floors(path)
     return {"unigram count model": float(floors["unigram"]), "bigram count model": float(floors["bigram"])}
 

@@ -29,6 +29,7 @@ from energyformer.experiments.common import (
     Context,
     converged_cell,
     convergence,
+    corpus_floors,
     finish_axes,
     floors_table,
     markdown_table,
@@ -95,7 +96,6 @@ def run(ctx: Context) -> dict[str, Any]:
     """For each model and seed (trained first if not recorded): validation loss at every K, and for
     NRGPT with ``stop_tol``."""
     from energyformer.data import load_split
-    from energyformer.eval.floors import dataset_floors
     from energyformer.eval.loss import estimate_loss
     from energyformer.runs.rundir import load_run
 
@@ -110,9 +110,7 @@ def run(ctx: Context) -> dict[str, Any]:
             model, run_cfg, _ = load_run(where)
             val = load_split(run_cfg.data.path, "val")
             if str(run_cfg.data.path) not in floors:
-                f = dataset_floors(run_cfg.data.path)
-                floors[str(run_cfg.data.path)] = {"unigram count model": float(f["unigram"]),
-                                                  "bigram count model": float(f["bigram"])}
+                floors[str(run_cfg.data.path)] = corpus_floors(run_cfg.data.path)
             tc = run_cfg.train
 
             def loss_of(m: torch.nn.Module, val=val, tc=tc, run_cfg=run_cfg) -> float:
