@@ -24,14 +24,14 @@ PROFILES = ("cpu", "paper")
 
 def run_experiment(name: str, seeds: int | None = None, quick: bool = False, results_dir: str | Path = "results",
                    work_dir: str | Path = "out/experiments", data_root: str | Path = "data",
-                   verbose: bool = True, profile: str = "cpu") -> dict[str, Any]:
+                   verbose: bool = True, profile: str = "cpu", rescore: bool = False, jobs: int = 1) -> dict[str, Any]:
     """Run the experiment ``name`` (see :mod:`energyformer.experiments.common` for the options).
 
     Returns:
         its results (also in ``results_dir/NAME/results.json``), with the Markdown ``"table"``.
 
     Raises:
-        ValueError: unknown ``name`` or ``profile``, ``seeds < 1``.
+        ValueError: unknown ``name`` or ``profile``, ``seeds < 1``, ``jobs < 1``.
         FileNotFoundError: (full runs) the experiment's dataset is not prepared.
     """
     from energyformer.experiments.common import Context
@@ -45,8 +45,9 @@ def run_experiment(name: str, seeds: int | None = None, quick: bool = False, res
         check_choice("experiment", name, EXPERIMENTS)
     if seeds is not None:
         check_int("seeds", seeds, 1)
+    check_int("jobs", jobs, 1)
     ctx = Context(name=name, seeds=seeds, quick=quick, results_dir=Path(results_dir), work_dir=Path(work_dir),
-                  data_root=Path(data_root), verbose=verbose, profile=profile)
+                  data_root=Path(data_root), verbose=verbose, profile=profile, rescore=rescore, jobs=jobs)
     if profile == "paper":
         from energyformer.experiments.profiles import run_profile
 
@@ -54,4 +55,8 @@ def run_experiment(name: str, seeds: int | None = None, quick: bool = False, res
     module = importlib.import_module(f"energyformer.experiments.{name}")
     ctx.say(f"experiment {name}: {'default' if seeds is None else seeds} seed(s){' (quick)' if quick else ''}; "
             f"runs in {ctx.runs}, results in {ctx.out}")
+    if jobs > 1:
+        from energyformer.experiments.parallel import run_parallel
+
+        return run_parallel(module, ctx)
     return module.run(ctx)

@@ -29,12 +29,14 @@ import math
 import shutil
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from energyformer.experiments.scoring import WEIGHTS_FILE, final_eval, keep_weights
+from energyformer.experiments.stats import PLATEAU_REL, plateau_test
 from energyformer.runs.config import load_config
 from energyformer.runs.recipe import deep_merge, read_recipe
 from energyformer.runs.rundir import (
@@ -76,8 +78,6 @@ QUICK: dict[str, dict[str, Any]] = {
 RUNTIME_KEYS = ("out_dir", "num_threads", "device", "resume", "tensorboard", "compile", "init_from", "wandb",
                 "wandb_project", "wandb_run_name")
 
-#: converged: the fitted validation loss fell by less than this fraction across the window
-PLATEAU_REL = 0.01
 #: the window: this last fraction of the steps before the cooldown
 WINDOW = 0.3
 
@@ -99,6 +99,11 @@ class Context:
         verbose: print a line per run.
         profile: ``"cpu"`` (the protocol sized for 2 CPU cores) or ``"paper"`` (the published
             setting, for GPUs; see :mod:`energyformer.experiments.profiles`).
+        rescore: compute every run's fixed evaluation again from its kept weights
+            (:mod:`energyformer.experiments.scoring`).
+        jobs: trainings at once (:mod:`energyformer.experiments.parallel`), the threads split between them.
+        deferred: set by the ``jobs`` driver: runs not yet trained are queued in ``pending``
+            instead of trained, and :func:`need_runs` stops the experiment where it needs them.
     """
 
     name: str
@@ -109,6 +114,12 @@ class Context:
     data_root: Path = Path("data")
     verbose: bool = True
     profile: str = "cpu"
+    rescore: bool = False
+    jobs: int = 1
+    deferred: bool = False
+    pending: dict[str, dict[str, Any]] = field(default_factory=dict)
+    rescored: set[str] = field(default_factory=set)
+    waiting_for_sweep: bool = False
 
     def __post_init__(self) -> None:
         if self.quick:  # never into results/: quick runs test the pipeline
@@ -221,43 +232,77 @@ def record_dir(ctx: Context, run: str) -> Path:
     if that holds the run (weights included); else its record (config, metrics and summary: all
     that the tables and curves read, e.g. on a fresh checkout where the work directory is gone)."""
     rec, out = ctx.records / run, ctx.runs / run
-    if (rec / "model.safetensors").is_file() or not (out / CONFIG_FILE).is_file():
+    if (rec / WEIGHTS_FILE).is_file() or not (out / CONFIG_FILE).is_file():
         return rec
     return out
 
 
-def _save_record(ctx: Context, run: str, keep_weights: bool) -> None:
+def _save_record(ctx: Context, run: str) -> None:
+    """Copy a finished run's summary, config, metrics, meta and final weights (bf16 when large,
+    :func:`energyformer.experiments.scoring.keep_weights`) into its record."""
     src, dst = ctx.runs / run, ctx.records / run
     dst.mkdir(parents=True, exist_ok=True)
-    files = [SUMMARY_FILE, CONFIG_FILE, METRICS_FILE, DIVERGED_FILE]
-    if keep_weights:
-        files += [META_FILE, "model.safetensors"]
-    for f in files:
+    for f in (SUMMARY_FILE, CONFIG_FILE, METRICS_FILE, DIVERGED_FILE, META_FILE):
         if (src / f).is_file():
             shutil.copyfile(src / f, dst / f)
+    if (src / WEIGHTS_FILE).is_file():
+        keep_weights(src / WEIGHTS_FILE, dst / WEIGHTS_FILE)
 
 
-def train_or_resume(ctx: Context, run: str, cfg: Mapping[str, Any], keep_weights: bool = False
+class PendingRuns(Exception):
+    """Raised (deferred mode, ``--jobs``) at a point where an experiment needs runs not yet trained."""
+
+
+def need_runs(ctx: Context) -> None:
+    """A barrier: in deferred mode (``--jobs``), stop the experiment here if runs it needs are queued
+    (:class:`PendingRuns`); the driver trains them in parallel and calls the experiment again.
+    An experiment calls it after its LR sweeps and after queuing its runs, before it analyses them."""
+    if ctx.deferred and ctx.pending:
+        raise PendingRuns(f"{len(ctx.pending)} run(s) to train: {', '.join(ctx.pending)}")
+
+
+def train_or_resume(ctx: Context, run: str, cfg: Mapping[str, Any], require_weights: bool = True
                     ) -> dict[str, Any]:
     """Train ``cfg`` into ``ctx.runs/run``, unless a finished run of the same config is recorded in
-    ``ctx.records/run`` or sits in the work directory; then record it (weights too with
-    ``keep_weights``, for analyses that load the model).
+    ``ctx.records/run`` or sits in the work directory; then record it with its final weights
+    (:func:`_save_record`) and score it on the fixed evaluation
+    (:func:`energyformer.experiments.scoring.final_eval`).
+
+    Args:
+        require_weights: reuse a finished run only if its weights are kept (every reported number
+            is re-scorable); ``False`` for LR-sweep runs, whose older records kept no weights and
+            whose choice compares runs of one seed on the same batches.
 
     Returns:
-        the run's summary; ``{"diverged": True, "message": …}`` for a run whose loss became NaN/Inf
-        (recorded too, so it is not retried).
+        the run's summary plus ``"final_eval"`` (the fixed evaluation; absent for a record without
+        weights) and ``"seed"``; ``{"diverged": True, "message": …}`` for a run whose loss became
+        NaN/Inf (recorded too, so it is not retried); in deferred mode (``ctx.deferred``) a run not
+        yet trained is queued in ``ctx.pending`` and ``{"pending": True}`` is returned.
     """
-    from energyformer.train.loop import TrainingDivergedError
-
     rec, out = ctx.records / run, ctx.runs / run
     cfg = {**cfg, "train": {**cfg.get("train", {}), "out_dir": str(out)}}
     for where in (rec, out):
-        if same_config(where, cfg) and (not keep_weights or (where / "model.safetensors").is_file()):
+        if same_config(where, cfg) and (not require_weights or (where / WEIGHTS_FILE).is_file()
+                                        or (where / DIVERGED_FILE).is_file()):
             if where == out:
-                _save_record(ctx, run, keep_weights)
+                _save_record(ctx, run)
             ctx.say(f"  {run}: finished earlier, reusing {where}")
-            return _read_outcome(where)
-    run_cfg = load_config(cfg, resolve_vocab=True)
+            return _outcome(ctx, run)
+    if ctx.deferred:
+        if not ctx.waiting_for_sweep:  # a run configured from a sweep still training is queued next round
+            ctx.pending[run] = cfg
+        return {"pending": True}
+    train_now(ctx, run, cfg)
+    return _outcome(ctx, run)
+
+
+def train_now(ctx: Context, run: str, cfg: Mapping[str, Any]) -> None:
+    """Train ``cfg`` (its ``train.out_dir`` is ``ctx.runs/run``) from its checkpoint or recorded
+    partial run, then write its record (a diverged run records its divergence)."""
+    from energyformer.train.loop import TrainingDivergedError
+
+    out = ctx.runs / run
+    run_cfg = load_config(dict(cfg), resolve_vocab=True)
     _set_aside_stale(ctx, out, cfg)
     _restore_partial(ctx, run, cfg)
     n_threads = torch.get_num_threads()
@@ -268,7 +313,7 @@ def train_or_resume(ctx: Context, run: str, cfg: Mapping[str, Any], keep_weights
         summary = {"diverged": True, "message": str(e)}
     finally:
         torch.set_num_threads(n_threads)
-    _save_record(ctx, run, keep_weights)
+    _save_record(ctx, run)
     if (ctx.out / PARTIAL_DIR / run).exists():
         shutil.rmtree(ctx.out / PARTIAL_DIR / run)
     if summary.get("diverged"):
@@ -276,7 +321,21 @@ def train_or_resume(ctx: Context, run: str, cfg: Mapping[str, Any], keep_weights
     else:
         ctx.say(f"  {run}: best val {summary['best_val_loss']:.4f}, {summary['params']:,} params, "
                 f"{summary['minutes']:.1f} min")
-    return summary
+
+
+def _outcome(ctx: Context, run: str) -> dict[str, Any]:
+    """The recorded outcome of a finished run, with its fixed evaluation when its weights are kept
+    (recomputed once per call of the experiment with ``ctx.rescore``)."""
+    where = record_dir(ctx, run)
+    out = _read_outcome(where)
+    if out.get("diverged"):
+        return out
+    out["seed"] = read_run_config(where).train.seed
+    if (where / WEIGHTS_FILE).is_file():
+        force = ctx.rescore and run not in ctx.rescored
+        out["final_eval"] = final_eval(where, force=force)
+        ctx.rescored.add(run)
+    return out
 
 
 PARTIAL_DIR = "partial"
@@ -354,7 +413,7 @@ def _train(run_cfg) -> dict[str, Any]:
     return train(run_cfg, progress=False)
 
 
-def _read_outcome(run_dir: Path) -> dict[str, Any]:
+def _read_outcome(run_dir: Path) -> dict[str, Any]:  # summary.json or the divergence record
     if (run_dir / DIVERGED_FILE).is_file():
         return json.loads((run_dir / DIVERGED_FILE).read_text(encoding="utf-8"))
     return read_summary(run_dir)
@@ -380,22 +439,34 @@ def lr_sweep(ctx: Context, family: str, make_cfg: Callable[[float, int], dict[st
 
     def loss_at(lr: float) -> float:
         if lr not in tried:
-            s = train_or_resume(ctx, f"sweep_{family}_lr{lr:g}", make_cfg(lr, steps))
+            s = train_or_resume(ctx, f"sweep_{family}_lr{lr:g}", make_cfg(lr, steps), require_weights=False)
+            if s.get("pending"):
+                tried[lr] = math.nan
+                return math.nan
             v = math.inf if s.get("diverged") else float(s["final_val_loss"])
             tried[lr] = v if math.isfinite(v) else math.inf
         return tried[lr]
 
     for lr in lrs:
         loss_at(lr)
+    if any(math.isnan(v) for v in tried.values()):  # deferred: queued; the caller stops at need_runs
+        ctx.waiting_for_sweep = True
+        return {"family": family, "steps": steps, "lrs": sorted(tried), "final_val_loss": [], "best_lr": lrs[0],
+                "pending": True}
     for _ in range(max_extend if len(lrs) > 1 else 0):
         grid = sorted(tried)
         best = min(grid, key=lambda lr: tried[lr])
         if best == grid[-1]:
-            loss_at(_half_decade(best, up=True))
+            extra = loss_at(half_decade(best, up=True))
         elif best == grid[0]:
-            loss_at(_half_decade(best, up=False))
+            extra = loss_at(half_decade(best, up=False))
         else:
             break
+        if math.isnan(extra):
+            ctx.waiting_for_sweep = True
+            tried.pop(half_decade(best, up=best == grid[-1]))
+            return {"family": family, "steps": steps, "lrs": sorted(tried), "final_val_loss": [],
+                    "best_lr": best, "pending": True}
     grid = sorted(tried)
     best = min(grid, key=lambda lr: tried[lr])
     ctx.say(f"  LR sweep {family}: " + ", ".join(f"{lr:g} → {tried[lr]:.4f}" for lr in grid) + f"; using {best:g}")
@@ -403,7 +474,7 @@ def lr_sweep(ctx: Context, family: str, make_cfg: Callable[[float, int], dict[st
             "best_lr": best}
 
 
-def _half_decade(lr: float, up: bool) -> float:
+def half_decade(lr: float, up: bool) -> float:
     """The next value of the 1-3-10 grid above (or below) ``lr``: 3e-3 → 1e-2, 1e-3 → 3e-4."""
     exp = math.floor(math.log10(lr) + 1e-9)
     steps = [(1, exp), (3, exp), (1, exp + 1)] if up else [(3, exp - 1), (1, exp), (3, exp)]
@@ -452,11 +523,13 @@ def stable_end(train: Mapping[str, Any]) -> int:
 
 
 def convergence(run_dir: Path) -> dict[str, Any]:
-    """The slope of the validation loss over the last :data:`WINDOW` of the steps before the
-    cooldown (least squares, nats per 1,000 steps), the fitted drop across that window (``drop``,
-    nats; ``drop_rel``, as a share of the window's mean loss), and ``converged``: ``drop_rel`` is
-    below :data:`PLATEAU_REL` (a rising loss counts as converged: it is past its best). All four
-    are ``None`` with fewer than 3 evaluations in the window."""
+    """Convergence of a run with its evidence (docs/experiments.md §1): the line fitted to the
+    validation loss over the last :data:`WINDOW` of the steps before the cooldown, its slope ± standard
+    error (nats per 1,000 steps), the fitted drop across the window as a share of the loss with its 95%
+    interval, and the verdict of :func:`energyformer.experiments.stats.plateau_test` (``"yes"``: the
+    upper bound of the drop is under :data:`PLATEAU_REL`; ``"no"``: the lower bound is over it;
+    ``"unclear"``: too noisy to tell). ``converged`` is ``verdict == "yes"``; every value is ``None``
+    with fewer than 3 evaluations in the window."""
     train = read_run_config(run_dir).to_dict()["train"]
     end = stable_end(train)
     start = end - WINDOW * end
@@ -464,26 +537,23 @@ def convergence(run_dir: Path) -> dict[str, Any]:
     pts = [(s, v) for s, v in zip(steps, vals) if start <= s <= end]
     out: dict[str, Any] = {"window": [int(start), end], "evals_in_window": len(pts)}
     if len(pts) < 3:
-        return {**out, "slope_per_1k": None, "drop": None, "drop_rel": None, "converged": None}
-    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    drop = -slope * (end - start)
-    level = abs(my) if my else 1.0
-    return {**out, "slope_per_1k": slope * 1000, "drop": drop, "drop_rel": drop / level,
-            "converged": bool(drop / level < PLATEAU_REL)}
+        return {**out, **dict.fromkeys(("slope_per_1k", "slope_se_per_1k", "drop", "drop_rel", "drop_rel_lo",
+                                        "drop_rel_hi", "verdict", "converged"))}
+    return {**out, **plateau_test([p[0] for p in pts], [p[1] for p in pts], end - start, PLATEAU_REL)}
 
 
 def converged_cell(convs: Sequence[Mapping[str, Any]]) -> str:
-    """``"yes"``, ``"no"`` or ``"k/n"`` over seeds, with the mean slope per 1k steps."""
-    flags = [c.get("converged") for c in convs]
-    known = [f for f in flags if f is not None]
-    if not known:
+    """The verdicts over seeds (``"yes"``, ``"no"``, ``"unclear"`` or counts such as ``"2 no, 1 unclear"``)
+    with the mean slope ± its standard error (per 1k steps; the mean's error over the seeds' fits)."""
+    verdicts = [c.get("verdict") for c in convs if c.get("verdict") is not None]
+    if not verdicts:
         return "–"
-    yes = sum(known)
-    word = "yes" if yes == len(known) else ("no" if yes == 0 else f"{yes}/{len(known)}")
-    slopes = [c["slope_per_1k"] for c in convs if c.get("slope_per_1k") is not None]
-    return f"{word} ({statistics.fmean(slopes):+.3f}/1k)"
+    counts = {v: verdicts.count(v) for v in ("yes", "no", "unclear") if v in verdicts}
+    word = next(iter(counts)) if len(counts) == 1 else ", ".join(f"{n} {v}" for v, n in counts.items())
+    fits = [(c["slope_per_1k"], c["slope_se_per_1k"]) for c in convs if c.get("slope_per_1k") is not None]
+    slope = statistics.fmean(f[0] for f in fits)
+    se = math.sqrt(sum(f[1] ** 2 for f in fits)) / len(fits)
+    return f"{word} ({slope:+.3f} ± {se:.3f}/1k)"
 
 
 # --------------------------------------------------------------------------------------------

@@ -309,7 +309,7 @@ def run_profile(ctx) -> dict[str, Any]:
             cfg["model"]["n_heads"] = 2 if "n_heads" in cfg["model"] else cfg["model"].get("n_heads")
             cfg["train"].update({"max_steps": 2, "batch_size": 2, "grad_accum_steps": 1, "eval_interval": 1,
                                  "eval_iters": 1, "warmup_steps": 0, "lr_decay_steps": 2})
-        summary = train_or_resume(ctx, run.name, cfg, keep_weights=True)
+        summary = train_or_resume(ctx, run.name, cfg)
         from energyformer.experiments.common import record_dir
         from energyformer.runs.config import load_config as _load
 

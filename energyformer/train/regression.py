@@ -33,7 +33,9 @@ from energyformer.train.optim import build_optimizer, lr_at
 
 
 @torch.no_grad()
-def _val_mse(model: torch.nn.Module, data: np.ndarray, batch_size: int) -> float:
+def val_mse(model: torch.nn.Module, data: np.ndarray, batch_size: int) -> float:
+    """Mean squared error of ``model`` over every sequence of ``data`` (shape (S, n, x_dim + 1)), in eval mode
+    (the model is left in train mode)."""
     model.eval()
     total = 0.0
     for i in range(0, len(data), batch_size):
@@ -98,7 +100,7 @@ def train_regressor(run_cfg: RunConfig, progress: bool | None = None) -> dict[st
             step_time += time.perf_counter() - t0
             record: dict[str, Any] = {"step": step, "train_loss": train_loss, "lr": lr}
             if step % tc.eval_interval == 0 or step == tc.max_steps:
-                last_val = _val_mse(model, val, 256)
+                last_val = val_mse(model, val, 256)
                 best = min(best, last_val)
                 record.update(val_loss=last_val, best_val_loss=best)
                 if progress:

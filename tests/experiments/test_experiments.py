@@ -94,25 +94,43 @@ def _fake_run(tmp_path, vals, every=100, steps=1000, cooldown=100):
 
 
 def test_convergence_slope_and_plateau(tmp_path):
-    # falling 0.02 per 100 steps until the cooldown (step 900): window 630..900, drop 0.054 on ~2.0 > 1%
+    # falling 0.02 per 100 steps until the cooldown (step 900): window 630..900, drop 0.054 on ~2.86 > 1%,
+    # an exact line, so its standard error is 0 and the whole interval is above the threshold: "no"
     falling = _fake_run(tmp_path, [3.0 - 0.02 * i for i in range(10)])
     c = convergence(falling)
     assert c["window"] == [630, 900] and c["evals_in_window"] == 3
-    assert c["slope_per_1k"] == pytest.approx(-0.2) and c["converged"] is False
+    assert c["slope_per_1k"] == pytest.approx(-0.2) and c["slope_se_per_1k"] == pytest.approx(0, abs=1e-9)
+    assert c["verdict"] == "no" and c["converged"] is False
     assert c["drop"] == pytest.approx(0.054) and c["drop_rel"] == pytest.approx(0.054 / 2.86)  # mean of 2.88..2.84
     shutil.rmtree(falling)
-    flat = _fake_run(tmp_path, [3.0, 2.5, 2.2, 2.1, 2.05, 2.03, 2.02, 2.02, 2.019, 1.9])
+    # nearly flat (0.0001 per 100 steps) with little noise: the interval is below 1%: "yes"
+    flat = _fake_run(tmp_path, [3.0, 2.5, 2.2, 2.1, 2.05, 2.0300, 2.0301, 2.0297, 2.0299, 1.9], every=100)
     c = convergence(flat)
-    assert c["converged"] is True and abs(c["slope_per_1k"]) < 0.05  # the cooldown's drop is outside the window
+    assert c["verdict"] == "yes" and c["converged"] is True and c["drop_rel_hi"] < 0.01
     shutil.rmtree(flat)
-    assert convergence(_fake_run(tmp_path, [3.0, 2.0]))["converged"] is None  # too few evaluations
+    # a noisy curve that rises across the window is not called converged (it was, under the 1% rule)
+    noisy = _fake_run(tmp_path, [3.0, 2.5, 2.2, 2.1, 2.05, 1.90, 2.15, 1.95, 2.20, 1.8], every=100)
+    c = convergence(noisy)
+    assert c["slope_per_1k"] > 0 and c["verdict"] == "unclear" and c["converged"] is False
+    shutil.rmtree(noisy)
+    c = convergence(_fake_run(tmp_path, [3.0, 2.0]))
+    assert c["converged"] is None and c["verdict"] is None  # too few evaluations
+    assert common.converged_cell([c]) == "–"
+
+
+def test_converged_cell_counts_verdicts_and_pools_the_slope_errors():
+    convs = [{"verdict": "no", "slope_per_1k": -0.02, "slope_se_per_1k": 0.003},
+             {"verdict": "unclear", "slope_per_1k": -0.01, "slope_se_per_1k": 0.004},
+             {"verdict": "no", "slope_per_1k": -0.03, "slope_se_per_1k": 0.0}]
+    assert common.converged_cell(convs) == "2 no, 1 unclear (-0.020 ± 0.002/1k)"  # sqrt(9+16)/3 = 1.67e-3
+    assert common.converged_cell(convs[:1]) == "no (-0.020 ± 0.003/1k)"
 
 
 def test_lr_sweep_picks_lowest_and_a_diverged_run_loses(tmp_path, monkeypatch):
     ctx = Context("x", work_dir=tmp_path, results_dir=tmp_path / "r", verbose=False)
     outcomes = {1e-3: {"final_val_loss": 2.0}, 3e-3: {"diverged": True, "message": "nan"},
                 3e-4: {"final_val_loss": 2.5}}
-    monkeypatch.setattr(common, "train_or_resume", lambda ctx, name, cfg: outcomes[cfg["lr"]])
+    monkeypatch.setattr(common, "train_or_resume", lambda ctx, name, cfg, **kw: outcomes[cfg["lr"]])
     got = lr_sweep(ctx, "fam", lambda lr, steps: {"lr": lr}, (3e-4, 1e-3, 3e-3), 10)
     assert got["best_lr"] == 1e-3 and got["final_val_loss"][2] == float("inf")
     assert got["lrs"] == [3e-4, 1e-3, 3e-3]  # the best is inside the grid: no extension
@@ -125,7 +143,7 @@ def test_lr_sweep_extends_past_an_edge(tmp_path, monkeypatch):
     losses = {1e-4: 3.0, 3e-4: 2.5, 1e-3: 2.2, 3e-3: 2.0, 1e-2: 2.1, 3e-2: 9.0}
     asked = []
 
-    def fake(ctx, name, cfg):
+    def fake(ctx, name, cfg, **kw):
         asked.append(cfg["lr"])
         return {"final_val_loss": losses[cfg["lr"]]}
 
@@ -197,3 +215,13 @@ def test_lr_sensitivity_spreads_are_read_from_the_sweeps():
     assert rows[0]["spread"] == pytest.approx(0.4) and rows[0]["relative_spread"] == pytest.approx(0.4 / 1.8)
     assert rows[1]["spread"] == float("inf") and "diverged" in table
     assert "| nrgpt_full | 2.2000 | 1.9000 | 1.8000 | 0.4000 | 22.2% |" in table
+
+
+def test_listops_more_seeds_go_to_the_widths_beside_the_transition():
+    from energyformer.experiments.listops_transition import next_to_transition
+
+    assert next_to_transition([(16, 0.3), (24, 0.5), (32, 0.85), (40, 0.9), (50, 0.95)]) == [24, 32]
+    assert next_to_transition([(16, 0.3), (24, 0.82), (32, 0.7), (40, 0.9)]) == [16, 24]  # the first crossing
+    assert next_to_transition([(16, 0.9), (24, 0.95)]) == [16]  # all above: the narrowest
+    assert next_to_transition([(16, 0.1), (24, 0.2)]) == [24]  # none reaches it: the widest
+    assert next_to_transition([]) == []

@@ -1,0 +1,85 @@
+"""``energyformer experiment NAME --jobs N``: N trainings at once, the CPU threads split between them.
+
+These models are small, so one training does not use two cores well: two single-thread trainings
+nearly double the throughput of one two-thread training. The results do not depend on it: a run's
+numbers come from its seed, not from its timing, and each run records its own wall time.
+
+The driver calls the experiment in *deferred* mode (:class:`~energyformer.experiments.common.Context`
+``deferred``): every run it asks for that is not yet recorded is queued instead of trained, and the
+experiment stops at its next :func:`~energyformer.experiments.common.need_runs` barrier (after its LR
+sweeps, before its analysis). The queued runs train in a pool of N processes, each run recorded as
+it finishes; then the experiment is called again, until it asks for nothing new and writes its table.
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict
+from typing import Any
+
+from energyformer.experiments.common import Context, PendingRuns, train_now
+
+
+def threads_per_job(jobs: int, cores: int | None = None) -> int:
+    """CPU threads for each of ``jobs`` trainings on ``cores`` cores (at least 1)."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // jobs)
+
+
+def _train_one(ctx_fields: dict[str, Any], run: str, cfg: dict[str, Any], threads: int) -> str:
+    import torch
+
+    torch.set_num_threads(threads)
+    ctx = Context(**{k: v for k, v in ctx_fields.items() if k not in ("pending", "rescored")})
+    if cfg["train"].get("num_threads") is None:  # an experiment's own thread count (quick mode: 1) stands
+        cfg = {**cfg, "train": {**cfg["train"], "num_threads": threads}}
+    train_now(ctx, run, cfg)
+    return run
+
+
+def run_parallel(module: Any, ctx: Context) -> dict[str, Any]:
+    """Run the experiment ``module`` (its ``run(ctx)``) with ``ctx.jobs`` trainings at once.
+
+    Returns:
+        what ``module.run(ctx)`` returns once every run it needs is recorded.
+
+    Raises:
+        whatever a training raises (other than divergence, which is recorded), after the runs
+        already started have finished.
+    """
+    threads = threads_per_job(ctx.jobs)
+    while True:
+        ctx.deferred, ctx.pending, ctx.waiting_for_sweep = True, {}, False
+        try:
+            result = module.run(ctx)
+        except PendingRuns:
+            result = None
+        except Exception:  # an analysis that read a queued run before its barrier: train what is queued
+            if not ctx.pending:
+                raise
+            result = None
+        if not ctx.pending:
+            if result is not None:
+                ctx.deferred = False
+                return result
+            raise RuntimeError(f"experiment {ctx.name} stopped for runs to train but queued none")
+        queued = dict(ctx.pending)
+        ctx.say(f"training {len(queued)} run(s), {ctx.jobs} at a time with {threads} thread(s) each: "
+                + ", ".join(queued))
+        fields = {**asdict(ctx), "deferred": False, "jobs": 1}
+        import multiprocessing as mp
+
+        with ProcessPoolExecutor(max_workers=min(ctx.jobs, len(queued)), mp_context=mp.get_context("spawn")) as pool:
+            futures = [pool.submit(_train_one, fields, run, cfg, threads) for run, cfg in queued.items()]
+            errors = []
+            for f in as_completed(futures):
+                try:
+                    f.result()
+                except Exception as e:  # noqa: BLE001 - the others finish and are recorded first
+                    errors.append(e)
+            if errors:
+                raise errors[0]
+
+
+__all__ = ["run_parallel", "threads_per_job"]

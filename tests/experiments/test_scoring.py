@@ -1,0 +1,123 @@
+"""The fixed evaluation every reported number comes from, the kept weights, ``--rescore`` and
+``--jobs`` (energyformer.experiments.scoring / parallel)."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from energyformer.experiments import common as ex
+from energyformer.experiments import run_experiment
+from energyformer.experiments.scoring import FINAL_EVAL_FILE, final_eval, keep_weights
+
+
+@pytest.fixture(scope="module")
+def tiny_record(tmp_path_factory):
+    """A finished quick Llama run, trained and recorded by train_or_resume."""
+    tmp = tmp_path_factory.mktemp("scoring")
+    ctx = ex.Context("x", quick=True, work_dir=tmp / "w", verbose=False)
+    cfg = ex.resolve(ctx, "shakespeare_char/llama.yaml", {"train": {**ex.schedule(ctx, 20, 1e-3), "seed": 3}},
+                     data=ex.char_data(ctx))
+    summary = ex.train_or_resume(ctx, "r", cfg)
+    return ctx, summary, ctx.records / "r"
+
+
+def test_the_fixed_evaluation_is_the_whole_validation_split(tiny_record):
+    from energyformer.data import load_split
+    from energyformer.runs.rundir import load_run
+
+    ctx, summary, rec = tiny_record
+    assert (rec / "model.safetensors").is_file() and summary["seed"] == 3
+    got = summary["final_eval"]
+    assert got == json.loads((rec / FINAL_EVAL_FILE).read_text()) and got["metric"] == "val_loss"
+    # an independent computation: consecutive windows of block_size, every validation token after the first
+    model, run_cfg, _ = load_run(rec)
+    val = np.asarray(load_split(run_cfg.data.path, "val"), dtype=np.int64)
+    n, total = run_cfg.model.block_size, 0.0
+    with torch.no_grad():
+        for s in range(0, len(val) - 1, n):
+            chunk = torch.from_numpy(val[s:s + n + 1])
+            logits = model(chunk[None, :-1])[0]
+            total += float(F.cross_entropy(logits[0].double(), chunk[1:], reduction="sum"))
+    assert got["tokens"] == len(val) - 1 and got["value"] == pytest.approx(total / (len(val) - 1), rel=1e-5)
+    # it does not depend on the run's seed: the curve's seeded estimate does
+    assert got["value"] != summary["final_val_loss"]
+
+
+def test_final_eval_is_cached_by_weights_and_recomputed_on_request(tiny_record, tmp_path):
+    _, summary, rec = tiny_record
+    copy = tmp_path / "rec"
+    shutil.copytree(rec, copy)
+    path = copy / FINAL_EVAL_FILE
+    path.write_text(json.dumps({**summary["final_eval"], "value": 123.0}))
+    assert final_eval(copy)["value"] == 123.0  # same weights: read, not recomputed
+    assert final_eval(copy, force=True)["value"] == pytest.approx(summary["final_eval"]["value"])
+    keep_weights(rec / "model.safetensors", copy / "model.safetensors", bf16_over=0)  # other weights: recomputed
+    again = final_eval(copy)
+    assert again["weights_sha256"] != summary["final_eval"]["weights_sha256"]
+    assert again["value"] == pytest.approx(summary["final_eval"]["value"], abs=0.05)
+    (copy / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="keeps no model.safetensors: it cannot be scored"):
+        final_eval(copy)
+
+
+def test_keep_weights_stores_large_files_in_bfloat16(tiny_record, tmp_path):
+    from safetensors import safe_open
+
+    from energyformer.runs.rundir import load_run
+
+    _, _, rec = tiny_record
+    small = keep_weights(rec / "model.safetensors", tmp_path / "a.safetensors")
+    assert small.read_bytes() == (rec / "model.safetensors").read_bytes()
+    big = keep_weights(rec / "model.safetensors", tmp_path / "b" / "model.safetensors", bf16_over=1000)
+    with safe_open(str(big), framework="pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+        assert f.metadata()["energyformer_kept_dtype"] == "bfloat16" and "aliases" in f.metadata()
+    assert big.stat().st_size < 0.6 * (rec / "model.safetensors").stat().st_size
+    for name in ("config.yaml", "meta.json"):
+        shutil.copyfile(rec / name, big.parent / name)
+    model, _, _ = load_run(big.parent)  # loads into the float32 model
+    assert next(model.parameters()).dtype == torch.float32
+    with pytest.raises(FileNotFoundError, match="no weights file"):
+        keep_weights(tmp_path / "none.safetensors", tmp_path / "c.safetensors")
+
+
+def _tiny_experiment(ctx):
+    """Two LR-sweep runs, a barrier, two seeds at the best LR, a barrier, a table of the fixed evaluation."""
+    def cfg(lr, steps, seed):
+        return ex.resolve(ctx, "shakespeare_char/llama.yaml", {"train": {**ex.schedule(ctx, steps, lr), "seed": seed}},
+                          data=ex.char_data(ctx))
+
+    sweep = ex.lr_sweep(ctx, "tiny", lambda lr, steps: cfg(lr, steps, 1), (1e-3, 3e-3, 1e-2), 20, max_extend=0)
+    ex.need_runs(ctx)
+    runs = {seed: ex.train_or_resume(ctx, f"tiny_s{seed}", cfg(sweep["best_lr"], 20, seed)) for seed in (1, 2)}
+    ex.need_runs(ctx)
+    rows = [[seed, f"{r['final_eval']['value']:.6f}"] for seed, r in runs.items()]
+    return ex.write_results(ctx, ex.markdown_table(["seed", "val loss"], rows), {"best_lr": sweep["best_lr"]})
+
+
+def test_rescore_and_jobs_give_the_tables_of_the_fixed_evaluation(tmp_path, capsys):
+    """The table reads each run's fixed evaluation; ``rescore`` recomputes it from the kept weights;
+    two trainings at once (``jobs=2``, deferred runs behind ``need_runs`` barriers) give the same table
+    as one at a time."""
+    import types
+
+    from energyformer.experiments.parallel import run_parallel, threads_per_job
+
+    module = types.SimpleNamespace(run=_tiny_experiment)
+    ctx = lambda w, **kw: ex.Context("tiny", quick=True, work_dir=tmp_path / w, verbose=True, **kw)  # noqa: E731
+    one = module.run(ctx("w1"))
+    rec = tmp_path / "w1" / "quick-results" / "tiny" / "runs" / "tiny_s1" / FINAL_EVAL_FILE
+    rec.write_text(json.dumps({**json.loads(rec.read_text()), "value": 7.0}))
+    assert "| 1 | 7.000000 |" in module.run(ctx("w1"))["table"]  # the table reads the recorded evaluation
+    assert module.run(ctx("w1", rescore=True))["table"] == one["table"]  # recomputed from the kept weights
+    capsys.readouterr()
+    both = run_parallel(module, ctx("w2", jobs=2))
+    said = capsys.readouterr().out
+    assert "training 3 run(s), 2 at a time" in said and "training 2 run(s), 2 at a time" in said
+    assert both["table"] == one["table"] and both["best_lr"] == one["best_lr"]
+    assert threads_per_job(2, cores=2) == 1 and threads_per_job(3, cores=8) == 2 and threads_per_job(4, cores=2) == 1
+    with pytest.raises(ValueError, match="jobs=0 must be >= 1"):
+        run_experiment("gp_recursion", jobs=0)
