@@ -1,36 +1,56 @@
-"""(a) ``cem_ablation``: Llama against the CEM options on Shakespeare-char (docs/cem.md), trained
-toward a plateau at about 20 tokens per parameter (the table says which runs reached it).
+"""(a) ``cem_ablation``: Llama against the CEM options on Shakespeare-char at equal tokens, equal
+parameters and equal training FLOPs (docs/cem.md; docs/experiments.md §6–§7).
 
-Runs: the recipes ``configs/shakespeare_char/{llama, cem, cem_t2, cem_diag_shared, cem_full}.yaml``
-(d_model 128, 4 layers, 4 heads, d_ff 352, block 128, batch 32; vocabulary 74, so the body holds
-nearly all parameters); 4,000 steps (16.4 M tokens), constant LR with a 10% linear cooldown
-(``lr_schedule: wsd``), 50 evaluations. The LR of each family (Llama; CEM, swept on tied T=1 and
-used for every CEM row) is chosen by a sweep over {3e-4, 1e-3, 3e-3} at 1,000 steps (seed 1).
-Seeds: 3 for Llama, tied T=1 and T=2; 2 for diag_shared and full (``--seeds K``: K for all).
-Floors: the unigram and bigram count models of the same corpus (nats per character).
+Arms (recipes ``configs/shakespeare_char/{llama, cem, cem_t2, cem_diag_shared, cem_full}.yaml``:
+4 layers, 4 heads, block 128, batch 32, d_ff = 2.75·d_model, Llama's 8d/3 rule at d 128):
 
-Budget (2-core CPU, 2 threads, measured): 13 runs of 4,000 steps (a Llama run ≈ 21 minutes at
-≈ 15k tokens/s, a tied T=1 run ≈ 21–24, T=2 ≈ 39, diag_shared ≈ 27–28, full ≈ 52) and 6–10 sweep
-runs of 1,000 steps (≈ 7–11 minutes each; a sweep whose best LR is at its edge is extended)
-≈ 8.5–9 hours.
-``--quick``: the docstring corpus, d_model 16, 20 steps.
+- **Width sweep** of three families, d_model ∈ :data:`WIDTHS`: Llama, tied CEM T=1 and the best
+  CEM option of the earlier ablation (the shared diagonal, ``diag_shared``). From these come the
+  loss-vs-parameters and loss-vs-training-FLOPs curves (FLOPs: :func:`energyformer.models.flops.
+  training_flops_per_token` × tokens), and the CEM − Llama gap read at matched parameters and at
+  matched FLOPs (the Llama curve interpolated in log size at each CEM run's size, per seed).
+- **At d_model 128 only**: CEM T=2 and the full CEM (T=2 + diag_shared + rank-8 preconditioner),
+  compared with T=1 at equal tokens and at equal FLOPs (T=1's curve read at their FLOPs).
+
+Every run: 4,000 steps × 32 × 128 characters (16.4 M tokens), the same WSD schedule (warmup 100,
+constant LR, a linear cooldown over the last 10% to LR/10), 50 evaluations. Seed s gives every arm
+the same batches (paired seeds); the reported loss is the fixed evaluation (the whole validation
+split, 478,344 characters, from the kept weights; :mod:`energyformer.experiments.scoring`).
+
+Learning rates: every arm gets its own check at d_model 128, its family's best LR and the
+half-decades either side (1,000 steps, seed 1, extended past an edge), and uses its own best at
+every width. Checks of the verdict: one seed pair (Llama, T=1) with a 25% cooldown, and one seed of
+Llama, T=1 and diag_shared at twice the steps (8,000).
+
+Budget (2-core CPU, measured per run at 2 threads: d 128 Llama ≈ 21 min, T=1 ≈ 23, diag_shared
+≈ 27, T=2 ≈ 39, full ≈ 52; d 64 ≈ ⅓ and d 192 ≈ 2× of that): 9 LR-check runs, 9 runs per width
+family (3 seeds × 3 widths) × 3 families, 3 T=2 and 2 full runs, 2 cooldown and 3 double-budget runs
+≈ 22 CPU-hours; ``--jobs 2`` nearly halves the wall time. ``--quick``: the docstring corpus, widths
+8 and 16, 20 steps.
 """
 from __future__ import annotations
 
 from typing import Any
 
 from energyformer.experiments import common as ex
+from energyformer.experiments.stats import format_difference, interpolate_log, paired_difference
 
-#: label -> (recipe under configs/, LR family, default seeds)
-VARIANTS: dict[str, tuple[str, str, int]] = {
-    "llama": ("shakespeare_char/llama.yaml", "llama", 3),
-    "cem tied T=1": ("shakespeare_char/cem.yaml", "cem", 3),
-    "cem T=2": ("shakespeare_char/cem_t2.yaml", "cem", 3),
-    "cem diag_shared": ("shakespeare_char/cem_diag_shared.yaml", "cem", 2),
-    "cem full (T=2+D+LR+P)": ("shakespeare_char/cem_full.yaml", "cem", 2),
+#: label -> (recipe under configs/, LR of its family's earlier sweep (the centre of its check), seeds,
+#: its LR check's run prefix (the earlier sweeps' names for Llama and T=1, so those are reused))
+VARIANTS: dict[str, tuple[str, float, int, str]] = {
+    "llama": ("shakespeare_char/llama.yaml", 1e-3, 3, "llama"),
+    "cem tied T=1": ("shakespeare_char/cem.yaml", 1e-2, 3, "cem"),
+    "cem diag_shared": ("shakespeare_char/cem_diag_shared.yaml", 1e-2, 3, "cem_diag_shared"),
+    "cem T=2": ("shakespeare_char/cem_t2.yaml", 1e-2, 3, "cem_t2"),
+    "cem full (T=2+D+LR+P)": ("shakespeare_char/cem_full.yaml", 1e-2, 2, "cem_full"),
 }
-SWEEP_RECIPE = {"llama": "shakespeare_char/llama.yaml", "cem": "shakespeare_char/cem.yaml"}
-STEPS, SWEEP_STEPS, LRS = 4000, 1000, (3e-4, 1e-3, 3e-3)
+#: the families of the width sweep; the others run at :data:`BASE_WIDTH` only
+WIDTH_FAMILIES = ("llama", "cem tied T=1", "cem diag_shared")
+WIDTHS, BASE_WIDTH = (64, 128, 192), 128
+STEPS, SWEEP_STEPS = 4000, 1000
+COOLDOWN, COOLDOWN_CHECK = 0.1, 0.25
+COOLDOWN_PAIR = ("llama", "cem tied T=1")
+DOUBLE = ("llama", "cem tied T=1", "cem diag_shared")
 #: runs whose weights other experiments load (inference_steps)
 KEEP_WEIGHTS = ("cem T=2",)
 
@@ -40,49 +60,242 @@ def slug(label: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in label).strip("_").replace("__", "_")
 
 
-def config(ctx: ex.Context, recipe: str, lr: float, steps: int, seed: int) -> dict[str, Any]:
-    """The run config: the recipe with this experiment's schedule and seed."""
-    return ex.resolve(ctx, recipe, {"train": {**ex.schedule(ctx, steps, lr), "seed": seed}}, data=ex.char_data(ctx))
+def widths(ctx: ex.Context) -> tuple[int, ...]:
+    return (8, 16) if ctx.quick else WIDTHS
+
+
+def base_width(ctx: ex.Context) -> int:
+    return 16 if ctx.quick else BASE_WIDTH
+
+
+def shape(width: int) -> dict[str, int]:
+    """The model overrides of one width: d_model and d_ff = 2.75·d_model (a multiple of 8)."""
+    return {"d_model": width, "d_ff": int(round(2.75 * width / 8)) * 8}
+
+
+def config(ctx: ex.Context, recipe: str, lr: float, steps: int, seed: int, width: int | None = None,
+           cooldown: float = COOLDOWN) -> dict[str, Any]:
+    """The run config: the recipe at ``width`` with this experiment's schedule and seed."""
+    model = shape(width or base_width(ctx))
+    return ex.resolve(ctx, recipe, {"model": model}, {"train": {**ex.schedule(ctx, steps, lr, cooldown=cooldown),
+                                                                 "seed": seed}},
+                      data=ex.char_data(ctx), swept=("d_model", "d_ff"))
+
+
+def run_name(label: str, seed: int, width: int | None = None, tag: str = "") -> str:
+    """``<slug>[_d<width>][_<tag>]_s<seed>`` (the base width has no width part, as the earlier runs)."""
+    return f"{slug(label)}{'' if width is None else f'_d{width}'}{f'_{tag}' if tag else ''}_s{seed}"
+
+
+def lr_check(ctx: ex.Context, label: str) -> dict[str, Any]:
+    """Row ``label``'s own LR check at the base width: its family's LR and the half-decades either side."""
+    recipe, centre, _, prefix = VARIANTS[label]
+    lrs = (ex.half_decade(centre, up=False), centre, ex.half_decade(centre, up=True))
+    return ex.lr_sweep(ctx, prefix, lambda lr, steps: config(ctx, recipe, lr, steps, 1), lrs, SWEEP_STEPS)
 
 
 def trained_run(ctx: ex.Context, label: str, seed: int):
-    """The run directory of row ``label``'s ``seed`` (LR from its family's sweep), trained if not recorded."""
-    recipe, family, _ = VARIANTS[label]
-    sweep = ex.lr_sweep(ctx, family, lambda lr, steps: config(ctx, SWEEP_RECIPE[family], lr, steps, 1), LRS,
-                     SWEEP_STEPS)
-    name = f"{slug(label)}_s{seed}"
-    ex.train_or_resume(ctx, name, config(ctx, recipe, sweep["best_lr"], STEPS, seed),
-                       keep_weights=label in KEEP_WEIGHTS)
+    """The record of row ``label``'s ``seed`` at the base width (its own LR), trained if not recorded."""
+    recipe = VARIANTS[label][0]
+    lr = lr_check(ctx, label)["best_lr"]
+    name = run_name(label, seed)
+    ex.train_or_resume(ctx, name, config(ctx, recipe, lr, STEPS, seed))
     return ex.record_dir(ctx, name)
 
 
-def run(ctx: ex.Context) -> dict[str, Any]:
-    """Sweep the LR per family, train every variant's seeds, tabulate loss, floors and convergence."""
-    sweeps = {fam: ex.lr_sweep(ctx, fam, lambda lr, steps, r=recipe: config(ctx, r, lr, steps, 1), LRS, SWEEP_STEPS)
-              for fam, recipe in SWEEP_RECIPE.items()}
-    rows, results, groups = [], {}, {}
-    for label, (recipe, family, n_seeds) in VARIANTS.items():
-        lr = sweeps[family]["best_lr"]
-        summaries, convs = [], []
-        for seed in ctx.seed_list(n_seeds):
-            name = f"{slug(label)}_s{seed}"
-            summaries.append(ex.train_or_resume(ctx, name, config(ctx, recipe, lr, STEPS, seed),
-                                             keep_weights=label in KEEP_WEIGHTS))
-            where = ex.record_dir(ctx, name)
-            convs.append(ex.convergence(where))
-            groups.setdefault(label, []).append(where)
-        finals = [s["final_val_loss"] for s in summaries if not s.get("diverged")]
-        results[label] = {"recipe": recipe, "lr": lr, "final_val_loss": finals, "params": summaries[0].get("params"),
-                          "convergence": convs}
-        rows.append([label, f"{lr:g}", ex.pm(finals), f"{summaries[0].get('params', 0):,}", len(finals),
-                     ex.converged_cell(convs)])
-    floors = ex.count_floors(ex.char_data(ctx), ctx)
-    table = ex.markdown_table(["model", "LR", "val loss (nats/char)", "params", "seeds", "converged"], rows)
-    table += "\n\n" + ex.floors_table(floors, "val loss (nats/char)")
-    ex.plot_learning_curves(ctx, groups, "loss_curves.png", floors=floors, ylabel="val loss (nats/char)")
-    header = ("CEM ablations on Shakespeare-char (d_model 128, 4 layers, 4,000 steps × 32 × 128 tokens), "
-              "final validation loss (after the cooldown), mean ± std over seeds. Converged: the fitted val loss "
-              "fell < 1% over the last 30% of the pre-cooldown steps (slope in nats per 1k steps).")
-    return ex.write_results(ctx, table, {"rows": results, "floors": floors, "lr_sweeps": list(sweeps.values())},
-                         header, "LR sweeps (seed 1, final val loss):\n\n" + ex.sweep_table(list(sweeps.values())))
+def _flops_per_token(cfg: dict[str, Any]) -> float:
+    from energyformer.models.flops import training_flops_per_token
+    from energyformer.models.registry import build_model
+    from energyformer.runs.config import load_config
 
+    run_cfg = load_config(dict(cfg), resolve_vocab=True)
+    return training_flops_per_token(build_model(run_cfg.model))
+
+
+def run(ctx: ex.Context) -> dict[str, Any]:
+    """LR checks, then every run (base width first, then the other widths, then the checks of the
+    verdict), then the tables of the fixed evaluation."""
+    checks = {label: lr_check(ctx, label) for label in VARIANTS}
+    ex.need_runs(ctx)
+    lr = {label: c["best_lr"] for label, c in checks.items()}
+    plan: list[dict[str, Any]] = []  # every run: label, width, seed, steps, cooldown, name, cfg
+
+    def add(label: str, width: int | None, seed: int, steps: int = STEPS, cooldown: float = COOLDOWN,
+            tag: str = "") -> None:
+        w = width or base_width(ctx)
+        name = run_name(label, seed, None if w == base_width(ctx) else w, tag)
+        cfg = config(ctx, VARIANTS[label][0], lr[label], steps, seed, w, cooldown)
+        plan.append({"label": label, "width": w, "seed": seed, "steps": steps, "cooldown": cooldown, "name": name,
+                     "tag": tag, "cfg": cfg})
+
+    for label, (_, _, n_seeds, _) in VARIANTS.items():
+        for seed in ctx.seed_list(n_seeds):
+            add(label, None, seed)
+    for w in widths(ctx):
+        if w != base_width(ctx):
+            for label in WIDTH_FAMILIES:
+                for seed in ctx.seed_list(VARIANTS[label][2]):
+                    add(label, w, seed)
+    for label in COOLDOWN_PAIR:
+        add(label, None, 1, cooldown=COOLDOWN_CHECK, tag=f"cooldown{int(COOLDOWN_CHECK * 100)}")
+    for label in DOUBLE:
+        add(label, None, 1, steps=2 * STEPS, tag="2x")
+    for p in plan:
+        p["summary"] = ex.train_or_resume(ctx, p["name"], p["cfg"])
+    ex.need_runs(ctx)
+    return _report(ctx, plan, checks)
+
+
+def _report(ctx: ex.Context, plan: list[dict[str, Any]], checks: dict[str, Any]) -> dict[str, Any]:
+    flops: dict[tuple[str, int], float] = {}
+    runs = []
+    for p in plan:
+        s = p["summary"]
+        key = (p["label"], p["width"])
+        if key not in flops:
+            flops[key] = _flops_per_token(p["cfg"])
+        tr = p["cfg"]["train"]
+        tokens = p["steps"] * tr.get("batch_size", 32) * p["cfg"]["model"].get("block_size", 128)
+        if ctx.quick:
+            tokens = tr["max_steps"] * tr["batch_size"] * p["cfg"]["model"]["block_size"]
+        where = ex.record_dir(ctx, p["name"])
+        runs.append({k: p[k] for k in ("label", "width", "seed", "steps", "cooldown", "name", "tag")}
+                    | {"diverged": bool(s.get("diverged")), "val_loss": (s.get("final_eval") or {}).get("value"),
+                       "train_loss": s.get("final_train_loss"), "params": s.get("params"),
+                       "train_flops": flops[key] * tokens, "minutes": s.get("minutes"),
+                       "convergence": None if s.get("diverged") else ex.convergence(where)})
+    main = [r for r in runs if not r["tag"]]
+    base = base_width(ctx)
+    table = _equal_tokens_table(main, base, checks) + "\n\n" + _width_table(main) + "\n\n" + _matched_table(main, base)
+    table += "\n\n" + _checks_table(runs, base)
+    floors = ex.count_floors(ex.char_data(ctx), ctx)
+    table += "\n\n" + ex.floors_table(floors, "val loss (nats/char)")
+    groups: dict[str, list] = {}
+    for r in main:
+        if r["width"] == base:
+            groups.setdefault(r["label"], []).append(ex.record_dir(ctx, r["name"]))
+    ex.plot_learning_curves(ctx, groups, "loss_curves.png", floors=floors, ylabel="val loss (nats/char)")
+    _size_plots(ctx, main)
+    header = ("CEM against Llama on Shakespeare-char (4 layers, 4,000 steps × 32 × 128 characters, WSD with a 10% "
+              "cooldown). Val loss: the fixed evaluation (the whole validation split, nats/char, from the kept "
+              "weights), mean ± sample std over seeds. Δ: the paired difference (seed s: the same batches for every "
+              "arm) with its 95% t-interval. Converged: the 95% interval of the fitted drop over the last 30% of the "
+              "pre-cooldown steps lies below 1% of the loss (yes), above it (no), or across it (unclear); slope "
+              "± standard error per 1k steps.")
+    sweeps = list(checks.values())
+    return ex.write_results(ctx, table, {"runs": runs, "floors": floors, "lr_checks": sweeps},
+                            header, "LR checks (1,000 steps, seed 1; in-training estimate on the same 10 validation "
+                            "batches for every LR):\n\n" + ex.sweep_table(sweeps))
+
+
+def _by(runs, **want) -> dict[int, dict[str, Any]]:
+    """seed → run of the runs matching ``want``."""
+    return {r["seed"]: r for r in runs if all(r[k] == v for k, v in want.items()) and r["val_loss"] is not None}
+
+
+def _equal_tokens_table(main, base: int, checks) -> str:
+    rows = []
+    llama = {s: r["val_loss"] for s, r in _by(main, label="llama", width=base).items()}
+    t1 = {s: r["val_loss"] for s, r in _by(main, label="cem tied T=1", width=base).items()}
+    for label in VARIANTS:
+        got = _by(main, label=label, width=base)
+        if not got:
+            continue
+        vals = {s: r["val_loss"] for s, r in got.items()}
+        first = next(iter(got.values()))
+        rows.append([label, f"{checks[label]['best_lr']:g}", f"{first['params']:,}",
+                     f"{first['train_flops']:.3g}", ex.pm(list(vals.values())), len(vals),
+                     ex.converged_cell([r["convergence"] for r in got.values()]),
+                     "–" if label == "llama" else format_difference(paired_difference(llama, vals)),
+                     "–" if label in ("llama", "cem tied T=1") else format_difference(paired_difference(t1, vals))])
+    return (f"Equal tokens, d_model {base}:\n\n"
+            + ex.markdown_table(["model", "LR (own check)", "params", "training FLOPs", "val loss", "seeds",
+                                 "converged", "Δ vs llama", "Δ vs T=1"], rows))
+
+
+def _width_table(main) -> str:
+    rows = []
+    for label in WIDTH_FAMILIES:
+        for w in sorted({r["width"] for r in main if r["label"] == label}):
+            got = _by(main, label=label, width=w)
+            if not got:
+                continue
+            first = next(iter(got.values()))
+            rows.append([label, w, f"{first['params']:,}", f"{first['train_flops']:.3g}",
+                         ex.pm([r["val_loss"] for r in got.values()]), len(got),
+                         ex.converged_cell([r["convergence"] for r in got.values()])])
+    return "Width sweep (loss against parameters and training FLOPs):\n\n" + ex.markdown_table(
+        ["family", "d_model", "params", "training FLOPs", "val loss", "seeds", "converged"], rows)
+
+
+def matched_gap(main, label: str, ref: str, width: int, axis: str) -> dict[str, Any]:
+    """Per seed: ``label``'s loss at ``width`` minus ``ref``'s curve (over its widths, that seed)
+    read at the same ``axis`` (``"params"`` or ``"train_flops"``); paired over seeds."""
+    mine = _by(main, label=label, width=width)
+    diffs_a, diffs_b = {}, {}
+    for seed, r in mine.items():
+        curve = sorted((q[axis], q["val_loss"]) for q in main if q["label"] == ref and q["seed"] == seed
+                       and q["val_loss"] is not None)
+        if len(curve) < 2:
+            continue
+        at = interpolate_log([c[0] for c in curve], [c[1] for c in curve], r[axis])
+        if at is not None:
+            diffs_a[seed], diffs_b[seed] = at, r["val_loss"]
+    return paired_difference(diffs_a, diffs_b)
+
+
+def _matched_table(main, base: int) -> str:
+    rows = []
+    for label in WIDTH_FAMILIES[1:]:
+        for w in sorted({r["width"] for r in main if r["label"] == label}):
+            eq = paired_difference({s: r["val_loss"] for s, r in _by(main, label="llama", width=w).items()},
+                                   {s: r["val_loss"] for s, r in _by(main, label=label, width=w).items()})
+            rows.append([f"{label} − llama", w, format_difference(eq),
+                         format_difference(matched_gap(main, label, "llama", w, "params")),
+                         format_difference(matched_gap(main, label, "llama", w, "train_flops"))])
+    for label in ("cem T=2", "cem full (T=2+D+LR+P)"):
+        eq = paired_difference({s: r["val_loss"] for s, r in _by(main, label="cem tied T=1", width=base).items()},
+                               {s: r["val_loss"] for s, r in _by(main, label=label, width=base).items()})
+        rows.append([f"{label} − cem tied T=1", base, format_difference(eq),
+                     format_difference(matched_gap(main, label, "cem tied T=1", base, "params")),
+                     format_difference(matched_gap(main, label, "cem tied T=1", base, "train_flops"))])
+    return ("Gaps (val loss, nats/char; negative: the first model is better). Matched: the second model's curve over "
+            "its widths, same seed, read (linear in log size) at the first model's parameters or training FLOPs; "
+            "– where that lies outside the widths trained:\n\n"
+            + ex.markdown_table(["comparison", "d_model", "equal tokens", "equal parameters", "equal FLOPs"], rows))
+
+
+def _checks_table(runs, base: int) -> str:
+    rows = []
+    a, b = COOLDOWN_PAIR
+    for tag, what in ((f"cooldown{int(COOLDOWN_CHECK * 100)}", f"{int(COOLDOWN_CHECK * 100)}% cooldown"),
+                      ("", f"{int(COOLDOWN * 100)}% cooldown")):
+        ra, rb = _by(runs, label=a, width=base, tag=tag).get(1), _by(runs, label=b, width=base, tag=tag).get(1)
+        if ra and rb:
+            rows.append([f"{b} − {a}", what, "1", f"{rb['val_loss'] - ra['val_loss']:+.4f}"])
+    for label in DOUBLE[1:]:
+        for tag, what in (("", f"{STEPS:,} steps"), ("2x", f"{2 * STEPS:,} steps")):
+            ra = _by(runs, label="llama", width=base, tag=tag).get(1)
+            rb = _by(runs, label=label, width=base, tag=tag).get(1)
+            if ra and rb:
+                rows.append([f"{label} − llama", what, "1", f"{rb['val_loss'] - ra['val_loss']:+.4f}"])
+    return ("Does the verdict hinge on the cooldown or the budget? (seed 1, val loss difference):\n\n"
+            + ex.markdown_table(["comparison", "setting", "seed", "Δ val loss"], rows))
+
+
+def _size_plots(ctx: ex.Context, main) -> None:
+    plt = ex.pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    for ax, axis, xlabel in ((axes[0], "params", "parameters"), (axes[1], "train_flops", "training FLOPs")):
+        for label in VARIANTS:
+            pts = {}
+            for r in main:
+                if r["label"] == label and r["val_loss"] is not None:
+                    pts.setdefault(r["width"], []).append((r[axis], r["val_loss"]))
+            if not pts:
+                continue
+            xs = [sum(p[0] for p in v) / len(v) for _, v in sorted(pts.items())]
+            ys = [ex.mean_std([p[1] for p in v])[0] for _, v in sorted(pts.items())]
+            ax.plot(xs, ys, "o-" if len(xs) > 1 else "s", label=label)
+        ex.finish_axes(ax, xlabel, "val loss (nats/char)", logx=True)
+    ex.save_figure(ctx, fig, "loss_vs_size.png")

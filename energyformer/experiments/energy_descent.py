@@ -20,6 +20,7 @@ Budget (idle 2-core CPU, ≈ 20k tokens/s): 9 sweep runs of 1,250 steps and 2 ar
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,8 @@ SHAPE = {"d_model": 64, "n_heads": 4, "n_steps": 4}
 STEPS, SWEEP_STEPS, LRS = 5000, 1250, (3e-4, 1e-3, 3e-3)
 TRACE_STEPS = (4, 8, 16)
 DEFAULT_SEEDS = 2
+#: seeds of the LR-cost runs (best LR, ×3 and ÷3 per family)
+LR_COST_SEEDS = 2
 
 
 def config(ctx: ex.Context, eta: str, lr: float, steps: int, seed: int) -> dict[str, Any]:
@@ -69,7 +72,7 @@ def trained_run(ctx: ex.Context, eta: str, seed: int):
     """The run directory of the ``eta`` arm's ``seed`` (LR from its sweep), trained if not recorded."""
     sweep = ex.lr_sweep(ctx, f"nrgpt_{eta}", lambda lr, steps: config(ctx, eta, lr, steps, 1), LRS, SWEEP_STEPS)
     name = f"nrgpt_{eta}_s{seed}"
-    ex.train_or_resume(ctx, name, config(ctx, eta, sweep["best_lr"], STEPS, seed), keep_weights=True)
+    ex.train_or_resume(ctx, name, config(ctx, eta, sweep["best_lr"], STEPS, seed))
     return ex.record_dir(ctx, name)
 
 
@@ -108,40 +111,89 @@ def _trace_run(run_dir) -> tuple[dict[int, Any], np.ndarray]:
     return entry, e[:, 0, : min(16, N)].numpy()
 
 
+def lr_cost_runs(ctx: ex.Context, family: str, make_cfg, best: float) -> dict[float, dict[int, dict[str, Any]]]:
+    """The LR-sensitivity runs of one family: its best LR and ×3 / ÷3 (the half-decades either side), at
+    the sweep's budget, seeds 1 … :data:`LR_COST_SEEDS`, with kept weights. Returns lr → seed → summary."""
+    lrs = (ex.half_decade(best, up=False), best, ex.half_decade(best, up=True))
+    return {lr: {seed: ex.train_or_resume(ctx, f"lrcost_{family}_lr{lr:g}_s{seed}", make_cfg(lr, SWEEP_STEPS, seed))
+                 for seed in range(1, (1 if ctx.quick else LR_COST_SEEDS) + 1)} for lr in lrs}
+
+
+def lr_cost(runs: dict[float, dict[int, dict[str, Any]]]) -> dict[str, Any]:
+    """The loss cost (fixed evaluation) of ÷3 and ×3 from the best LR, paired by seed."""
+    from energyformer.experiments.stats import paired_difference
+
+    down, best, up = sorted(runs)
+    at = {lr: {seed: (s.get("final_eval") or {}).get("value", math.inf) if not s.get("diverged") else math.inf
+               for seed, s in by_seed.items()} for lr, by_seed in runs.items()}
+    return {"lrs": [down, best, up], "loss": {f"{lr:g}": at[lr] for lr in (down, best, up)},
+            "down": paired_difference(at[best], at[down]), "up": paired_difference(at[best], at[up])}
+
+
 def run(ctx: ex.Context) -> dict[str, Any]:
-    """Sweep the LR per η arm, train the seeds, trace validation text, tabulate monotone fractions."""
-    sweeps, results, curves, groups = [], {}, {}, {}
+    """Sweep the LR per η arm (and GPT_Rec_parallel's), train the seeds and the LR-cost runs, trace
+    validation text, tabulate monotone fractions, losses and LR costs."""
+    makers = {f"nrgpt_{eta}": (lambda lr, steps, seed, eta=eta: config(ctx, eta, lr, steps, seed))
+              for eta in ARMS.values()}
+    makers["gpt_rec_parallel"] = lambda lr, steps, seed: baseline_config(ctx, lr, steps, seed)
+    sweeps = {fam: ex.lr_sweep(ctx, fam, lambda lr, steps, m=m: m(lr, steps, 1), LRS, SWEEP_STEPS)
+              for fam, m in makers.items()}
+    ex.need_runs(ctx)
+    trained = {label: {seed: ex.train_or_resume(ctx, f"nrgpt_{eta}_s{seed}",
+                                                config(ctx, eta, sweeps[f"nrgpt_{eta}"]["best_lr"], STEPS, seed))
+                       for seed in ctx.seed_list(DEFAULT_SEEDS)} for label, eta in ARMS.items()}
+    costs = {fam: lr_cost_runs(ctx, fam, makers[fam], sweeps[fam]["best_lr"]) for fam in makers}
+    ex.need_runs(ctx)
+    results, curves, groups = {}, {}, {}
     for label, eta in ARMS.items():
-        sweep = ex.lr_sweep(ctx, f"nrgpt_{eta}", lambda lr, steps, eta=eta: config(ctx, eta, lr, steps, 1),
-                         LRS, SWEEP_STEPS)
-        sweeps.append(sweep)
         per_seed = []
-        for seed in ctx.seed_list(DEFAULT_SEEDS):
-            name = f"nrgpt_{eta}_s{seed}"
-            summary = ex.train_or_resume(ctx, name, config(ctx, eta, sweep["best_lr"], STEPS, seed), keep_weights=True)
-            where = ex.record_dir(ctx, name)
+        for seed, summary in trained[label].items():
+            where = ex.record_dir(ctx, f"nrgpt_{eta}_s{seed}")
             groups.setdefault(label, []).append(where)
             entry, curve = _trace_run(where)
             curves.setdefault(label, curve)
-            per_seed.append({"trace": entry, "best_val_loss": summary["best_val_loss"],
-                             "final_val_loss": summary["final_val_loss"], "convergence": ex.convergence(where)})
-        results[label] = {"lr": sweep["best_lr"], "seeds": per_seed}
-    baseline = ex.lr_sweep(ctx, "gpt_rec_parallel", lambda lr, steps: baseline_config(ctx, lr, steps, 1),
-                           LRS, SWEEP_STEPS)
-    sensitivity, sensitivity_rows = lr_sensitivity([*sweeps, baseline])
+            per_seed.append({"seed": seed, "trace": entry, "val_loss": summary["final_eval"]["value"],
+                             "convergence": ex.convergence(where)})
+        results[label] = {"lr": sweeps[f"nrgpt_{eta}"]["best_lr"], "seeds": per_seed}
+    sweep_list = list(sweeps.values())
+    sensitivity, sensitivity_rows = lr_sensitivity(sweep_list)
+    cost_rows = {fam: lr_cost(c) for fam, c in costs.items()}
     floors = ex.count_floors(ex.char_data(ctx), ctx)
-    table = _table(results) + "\n\n" + ex.floors_table(floors, "val loss (nats/char)")
+    table = _table(results) + "\n\n" + _difference(results) + "\n\n" + ex.floors_table(floors, "val loss (nats/char)")
     _plots(ctx, results, curves, groups, floors)
     header = (f"Energy descent of NRGPT per token (total energy E_AT + s_ff E_FF), {len(ctx.seed_list(DEFAULT_SEEDS))} "
-              "seed(s), trained with 4 steps: fraction of tokens whose energy never rises after step s. "
-              "Converged: the fitted val loss fell < 1% over the last 30% of the pre-cooldown steps "
-              "(slope in nats/char per 1k steps).")
-    footer = ("LR sweeps (seed 1, final val loss):\n\n" + ex.sweep_table([*sweeps, baseline])
-              + f"\n\nLR sensitivity at {SWEEP_STEPS} steps (seed 1; NRGPT arms vs GPT_Rec_parallel at the "
-              "same d_model, heads and steps; spread = worst − best final val loss over these LRs):\n\n"
-              + sensitivity)
-    return ex.write_results(ctx, table, {"rows": _jsonable(results), "lr_sweeps": [*sweeps, baseline],
-                                         "lr_sensitivity": sensitivity_rows, "floors": floors}, header, footer)
+              "seed(s), trained with 4 steps: fraction of tokens whose energy never rises after step s. Val loss: the "
+              "fixed evaluation (whole validation split, nats/char, kept weights). Converged: the 95% interval of the "
+              "fitted drop over the last 30% of the pre-cooldown steps lies below 1% of the loss (yes), above it (no) "
+              "or across it (unclear); slope ± standard error per 1k steps.")
+    footer = ("LR sweeps (seed 1, in-training estimate on the same 10 validation batches for every LR):\n\n"
+              + ex.sweep_table(sweep_list)
+              + "\n\nLR sensitivity as the NRGPT paper means it: the loss cost of ÷3 and ×3 from each family's best LR "
+              f"(fixed evaluation, {SWEEP_STEPS:,} steps, paired over {1 if ctx.quick else LR_COST_SEEDS} seeds, 95% "
+              "t-interval):\n\n" + _cost_table(cost_rows)
+              + f"\n\nThe earlier reading, on a fixed grid (sweep runs, seed 1; spread = worst − best over "
+              f"{', '.join(f'{lr:g}' for lr in LRS)}):\n\n" + sensitivity)
+    return ex.write_results(ctx, table, {"rows": _jsonable(results), "lr_sweeps": sweep_list,
+                                         "lr_sensitivity": sensitivity_rows, "lr_cost": cost_rows, "floors": floors},
+                            header, footer)
+
+
+def _difference(results: dict[str, Any]) -> str:
+    from energyformer.experiments.stats import format_difference, paired_difference
+
+    (la, a), (lb, b) = list(results.items())[:2]
+    d = paired_difference({s["seed"]: s["val_loss"] for s in a["seeds"]},
+                          {s["seed"]: s["val_loss"] for s in b["seeds"]})
+    return ex.markdown_table(["comparison", "Δ val loss (paired by seed, 95% interval)"],
+                             [[f"{lb} − {la}", format_difference(d)]])
+
+
+def _cost_table(rows: dict[str, Any]) -> str:
+    from energyformer.experiments.stats import format_difference
+
+    cells = [[fam, f"{r['lrs'][1]:g}", format_difference(r["down"]), format_difference(r["up"])]
+             for fam, r in rows.items()]
+    return ex.markdown_table(["family", "best LR", "cost of ÷3", "cost of ×3"], cells)
 
 
 def _table(results: dict[str, Any]) -> str:
@@ -150,7 +202,7 @@ def _table(results: dict[str, Any]) -> str:
         seeds = r["seeds"]
         for steps in TRACE_STEPS:
             fr = [[s["trace"][steps]["monotone_from"][k] for s in seeds] for k in range(steps)]
-            rows.append([label, f"{r['lr']:g}", ex.pm([s["final_val_loss"] for s in seeds]),
+            rows.append([label, f"{r['lr']:g}", ex.pm([s["val_loss"] for s in seeds]),
                          ex.converged_cell([s["convergence"] for s in seeds]), steps]
                         + [ex.pm(f, 3) for f in (fr[0], fr[1], fr[steps // 2], fr[-1])])
     return ex.markdown_table(["η", "LR", "val loss", "converged", "steps at inference", "monotone from step 0",

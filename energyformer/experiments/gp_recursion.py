@@ -63,10 +63,28 @@ def escape_step(run_dir) -> int | None:
     return next((s for s, v in zip(steps, vals) if v < mid), None)
 
 
+def run_name(label: str, seed: int) -> str:
+    return f"{label.replace(' ', '_').replace('=', '').replace(',', '').replace('η', 'eta')}_s{seed}"
+
+
+def lr_check(ctx: ex.Context, label: str, family_best: dict[str, float]) -> dict[str, Any]:
+    """Arm ``label``'s own LR check: its family's best LR (from the family sweep) and the half-decades
+    either side, at the sweep's budget (seed 1); the family's sweep arm itself (T=1, Llama) is its sweep."""
+    recipe, family, model, _ = ARMS[label]
+    if SWEEP_RECIPE[family] == recipe and not model:
+        return {}
+    best = family_best[family]
+    lrs = (ex.half_decade(best, up=False), best, ex.half_decade(best, up=True))
+    slug = run_name(label, 0)[:-3].lower()
+    return ex.lr_sweep(ctx, f"gp_{slug}", lambda lr, steps: config(ctx, recipe, model, lr, steps, 1), lrs, SWEEP_STEPS)
+
+
 def run(ctx: ex.Context) -> dict[str, Any]:
-    """Sweep the LR per family, train every arm's seeds, score RMSE per context length on the test split."""
+    """Sweep the LR per family, check it per arm, train every arm's seeds, score RMSE per context length
+    on the test split and the fixed validation MSE."""
     from energyformer.data.gp import load_gp_split
     from energyformer.data.meta import load_meta
+    from energyformer.experiments.stats import format_difference, paired_difference
     from energyformer.runs.rundir import load_run
     from energyformer.tasks.gp import evaluate_regressor
 
@@ -75,47 +93,69 @@ def run(ctx: ex.Context) -> dict[str, Any]:
     settings = load_meta(data_dir)["settings"]
     test = load_gp_split(data_dir, "test")
     sweeps = {fam: ex.lr_sweep(ctx, f"gp_{fam}", lambda lr, steps, r=recipe: config(ctx, r, {}, lr, steps, 1), LRS,
-                            SWEEP_STEPS) for fam, recipe in SWEEP_RECIPE.items()}
+                               SWEEP_STEPS) for fam, recipe in SWEEP_RECIPE.items()}
+    ex.need_runs(ctx)
+    family_best = {fam: s["best_lr"] for fam, s in sweeps.items()}
+    checks = {label: lr_check(ctx, label, family_best) for label in ARMS}
+    ex.need_runs(ctx)
+    lr = {label: (checks[label] or sweeps[ARMS[label][1]])["best_lr"] for label in ARMS}
+    trained = {label: {seed: ex.train_or_resume(ctx, run_name(label, seed),
+                                                config(ctx, recipe, model, lr[label], STEPS, seed))
+                       for seed in ctx.seed_list(n_seeds)}
+               for label, (recipe, _, model, n_seeds) in ARMS.items()}
+    ex.need_runs(ctx)
     results: dict[str, Any] = {}
     groups: dict[str, list] = {}
     floor = None
-    for label, (recipe, family, model, n_seeds) in ARMS.items():
+    for label, by_seed in trained.items():
         per_seed = []
-        for seed in ctx.seed_list(n_seeds):
-            name = f"{label.replace(' ', '_').replace('=', '').replace(',', '').replace('η', 'eta')}_s{seed}"
-            cfg = config(ctx, recipe, model, sweeps[family]["best_lr"], STEPS, seed)
-            summary = ex.train_or_resume(ctx, name, cfg, keep_weights=True)
-            where = ex.record_dir(ctx, name)
+        for seed, summary in by_seed.items():
+            where = ex.record_dir(ctx, run_name(label, seed))
             groups.setdefault(label, []).append(where)
             net, _, _ = load_run(where, language_model=False)
             ev = evaluate_regressor(net, test, settings)
             floor = ev
-            per_seed.append({**ev, "params": summary["params"], "convergence": ex.convergence(where),
-                             "escape_step": escape_step(where)})
-        results[label] = {"lr": sweeps[family]["best_lr"], "seeds": per_seed}
+            per_seed.append({**ev, "seed": seed, "params": summary["params"], "val_mse": summary["final_eval"]["value"],
+                             "convergence": ex.convergence(where), "escape_step": escape_step(where)})
+        results[label] = {"lr": lr[label], "seeds": per_seed}
+    t1 = {s["seed"]: s["rmse_model"] for s in results["cem T=1"]["seeds"]}
+    llama = {s["seed"]: s["rmse_model"] for s in results["llama"]["seeds"]}
+    for r in results.values():
+        mine = {s["seed"]: s["rmse_model"] for s in r["seeds"]}
+        r["vs_t1"], r["vs_llama"] = paired_difference(t1, mine), paired_difference(llama, mine)
     table = _table(results, floor)
+    table += "\n\n" + ex.markdown_table(
+        ["model", "Δ RMSE vs cem T=1 (paired, 95% interval)", "Δ RMSE vs llama"],
+        [[label, "–" if label == "cem T=1" else format_difference(r["vs_t1"]),
+          "–" if label == "llama" else format_difference(r["vs_llama"])] for label, r in results.items()])
     _plots(ctx, results, floor, groups)
     header = (f"In-context GP regression (x_dim {settings['x_dim']}, length scale {settings['length_scale']}, "
-              f"noise {settings['noise']}), RMSE on {floor['n']} test sequences, mean ± std over seeds "
-              "(η-per-step rows: 1 seed). Escape: first evaluation below the midpoint of the first and final val "
-              "loss. Converged: the fitted val loss fell < 1% over the last 30% of the pre-cooldown steps.")
-    return ex.write_results(ctx, table, {"settings": settings, "rows": results, "lr_sweeps": list(sweeps.values())},
-                         header, "LR sweeps (seed 1, final val MSE):\n\n" + ex.sweep_table(list(sweeps.values())))
+              f"noise {settings['noise']}), RMSE on {floor['n']} test sequences (all positions, per context length), "
+              "and the fixed validation MSE (the whole validation split, kept weights); mean ± std over seeds "
+              "(η-per-step rows: 1 seed); Δ: paired by seed (the same batches for every arm). Escape: first evaluation "
+              "below the midpoint of the first and final val loss. Converged: the 95% interval of the fitted drop over "
+              "the last 30% of the pre-cooldown steps lies below 1% of the loss (yes), above it (no) or across it "
+              "(unclear).")
+    sweep_list = list(sweeps.values()) + [c for c in checks.values() if c]
+    return ex.write_results(ctx, table, {"settings": settings, "rows": results, "lr_sweeps": sweep_list},
+                            header, "LR sweeps and per-arm checks (seed 1, final val MSE on the whole validation "
+                            "split during training):\n\n" + ex.sweep_table(sweep_list))
 
 
 def _table(results: dict[str, Any], floor: dict[str, Any]) -> str:
     n = len(floor["context"])
     picks = sorted({0, 1, min(4, n - 1), n // 2, n - 1})
-    head = ["model", "LR", "params", "seeds", "escape step", "converged", "RMSE (all positions)"] + \
+    head = ["model", "LR", "params", "seeds", "escape step", "converged", "val MSE", "RMSE (all positions)"] + \
         [f"RMSE @ {c} pairs" for c in picks]
     rows = []
     for label, r in results.items():
         seeds = r["seeds"]
         esc = [s["escape_step"] for s in seeds if s["escape_step"] is not None]
         rows.append([label, f"{r['lr']:g}", f"{seeds[0]['params']:,}", len(seeds), ex.pm(esc, 0),
-                     ex.converged_cell([s["convergence"] for s in seeds]), ex.pm([s["rmse_model"] for s in seeds])]
+                     ex.converged_cell([s["convergence"] for s in seeds]), ex.pm([s["val_mse"] for s in seeds]),
+                     ex.pm([s["rmse_model"] for s in seeds])]
                     + [ex.pm([s["model"][c] for s in seeds]) for c in picks])
-    blank = ["–"] * 5
+    blank = ["–"] * 6
     rows.append(["GP posterior mean (Bayes floor)"] + blank + [f"{floor['rmse_gp_floor']:.4f}"]
                 + [f"{floor['gp_floor'][c]:.4f}" for c in picks])
     rows.append(["prior mean (0)"] + blank + [f"{floor['rmse_prior']:.4f}"]
