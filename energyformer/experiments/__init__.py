@@ -55,6 +55,10 @@ def run_experiment(name: str, seeds: int | None = None, quick: bool = False, res
     module = importlib.import_module(f"energyformer.experiments.{name}")
     ctx.say(f"experiment {name}: {'default' if seeds is None else seeds} seed(s){' (quick)' if quick else ''}; "
             f"runs in {ctx.runs}, results in {ctx.out}")
+    if rescore:
+        from energyformer.experiments.common import rescore_records
+
+        rescore_records(ctx)
     if jobs > 1:
         from energyformer.experiments.parallel import run_parallel
 

@@ -249,6 +249,21 @@ def _save_record(ctx: Context, run: str) -> None:
         keep_weights(src / WEIGHTS_FILE, dst / WEIGHTS_FILE)
 
 
+def rescore_records(ctx: Context) -> dict[str, float]:
+    """Compute the fixed evaluation again for every recorded run of the experiment that keeps its
+    weights (``--rescore`` does this first, so runs the current protocol no longer asks for are
+    re-scored too). Returns run name → value."""
+    out = {}
+    if not ctx.records.is_dir():
+        return out
+    for rec in sorted(p for p in ctx.records.iterdir() if (p / WEIGHTS_FILE).is_file()):
+        if rec.name not in ctx.rescored:
+            out[rec.name] = final_eval(rec, force=True)["value"]
+            ctx.rescored.add(rec.name)
+            ctx.say(f"  {rec.name}: fixed evaluation {out[rec.name]:.4f}")
+    return out
+
+
 class PendingRuns(Exception):
     """Raised (deferred mode, ``--jobs``) at a point where an experiment needs runs not yet trained."""
 
@@ -718,6 +733,6 @@ def char_data(ctx: Context, dataset: str = "shakespeare_char") -> dict[str, Any]
 __all__ = ["Context", "QUICK", "char_data", "convergence", "count_floors", "floors_table", "converged_cell",
            "finish_axes",
            "lr_sweep", "markdown_table", "mean_std", "plot_learning_curves", "pm", "pyplot", "quick_text",
-           "recipe_path", "record_dir", "resolve", "same_config", "save_figure", "schedule", "sweep_table",
+           "recipe_path", "record_dir", "rescore_records", "resolve", "same_config", "save_figure", "schedule", "sweep_table",
            "train_or_resume",
            "val_curve", "write_results"]

@@ -113,6 +113,10 @@ def test_rescore_and_jobs_give_the_tables_of_the_fixed_evaluation(tmp_path, caps
     rec.write_text(json.dumps({**json.loads(rec.read_text()), "value": 7.0}))
     assert "| 1 | 7.000000 |" in module.run(ctx("w1"))["table"]  # the table reads the recorded evaluation
     assert module.run(ctx("w1", rescore=True))["table"] == one["table"]  # recomputed from the kept weights
+    rec.write_text(json.dumps({**json.loads(rec.read_text()), "value": 7.0}))
+    again = ex.rescore_records(ctx("w1", rescore=True))  # every record with weights, sweeps included
+    assert set(again) == {"tiny_s1", "tiny_s2", "sweep_tiny_lr0.001", "sweep_tiny_lr0.003", "sweep_tiny_lr0.01"}
+    assert f"| 1 | {again['tiny_s1']:.6f} |" in one["table"]
     capsys.readouterr()
     both = run_parallel(module, ctx("w2", jobs=2))
     said = capsys.readouterr().out
