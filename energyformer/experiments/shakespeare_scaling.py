@@ -1,17 +1,25 @@
 """(d) ``shakespeare_scaling``: overfitting of NRGPT vs GPT vs GPT_Rec_parallel at 3 widths on a
-small Shakespeare-char slice: best and final validation loss and the train–validation gap
-(docs/nrgpt.md §8: the paper reports that NRGPT overfits less at large sizes, with a best
-validation loss comparable to GPT's).
+small Shakespeare-char slice (docs/nrgpt.md §8: the paper reports that NRGPT overfits less at large
+sizes, with a best validation loss comparable to GPT's), measured as the paper means it: the
+*growth* of the val − train gap over epochs on a split where train and val come from the same
+distribution, beside the cross-play gap.
 
 Data: a 0.5 MB slice of Shakespeare-char (``prepare_dataset(slice_bytes=500_000)``, prepared on
-first use into ``DATA_ROOT/shakespeare_500k``; ≈ 450k training characters). Runs: the recipes
-``configs/shakespeare_char/{nrgpt, gpt, gpt_rec_parallel}.yaml`` at d_model ∈ {64, 128, 256}
-(4 heads), dropout 0.1, 5,500 steps × 32 × 128 ≈ 50 epochs, constant LR with a 10% cooldown,
-50 evaluations. The LR of each family is chosen at d_model 128 by a sweep over
-{3e-4, 1e-3, 3e-3} at 1,375 steps (seed 1). One seed per width (``--seeds K`` for more).
+first use into ``DATA_ROOT/shakespeare_500k``; validation = its last 10%, other plays). Its
+training part is split again by speech (:mod:`energyformer.data.speeches`): every 10th speech is
+held out (``DATA_ROOT/shakespeare_500k_speeches``: ≈ 405k training and 45k validation characters
+from the same plays). The models train on that speech split. Reported per run: the fixed
+evaluation on the same-play held-out speeches and on the other plays (whole splits, kept weights),
+and from the training curve (the same 10 batches of each split at every evaluation) the same-play
+val − train gap after the first epoch, at the end, and its growth.
 
-Budget (idle 2-core CPU): 9 runs of 5,500 steps and 9 sweep runs of 1,375 steps ≈ 4–5 hours.
-``--quick``: the docstring corpus, d_model 16, 20 steps.
+Runs: the recipes ``configs/shakespeare_char/{nrgpt, gpt, gpt_rec_parallel}.yaml`` at d_model ∈
+{64, 128, 256} (4 heads), dropout 0.1, 5,500 steps × 32 × 128 ≈ 55 epochs, constant LR with a 10%
+cooldown, 50 evaluations. The LR of each family is chosen at d_model 128 by a sweep over
+{3e-4, 1e-3, 3e-3} at 1,375 steps (seed 1). Two seeds per width (paired: the same batches).
+
+Budget (idle 2-core CPU): 18 runs of 5,500 steps and 9 sweep runs of 1,375 steps ≈ 8–10 hours
+(``--jobs 2`` nearly halves it). ``--quick``: the docstring corpus, d_model 16, 20 steps.
 """
 from __future__ import annotations
 
@@ -27,19 +35,39 @@ MODELS: dict[str, str] = {
 }
 SLICE_BYTES = 500_000
 STEPS, SWEEP_STEPS, LRS, SWEEP_WIDTH = 5500, 1375, (3e-4, 1e-3, 3e-3), 128
-DEFAULT_SEEDS = 1
+DEFAULT_SEEDS = 2
+#: every HOLD_OUT-th speech of the slice's training part is the same-play validation split
+HOLD_OUT = 10
 
 
-def data_section(ctx: ex.Context) -> dict[str, Any]:
-    """The slice (prepared on first use), or the quick corpus."""
+def data_sections(ctx: ex.Context) -> tuple[dict[str, Any], str]:
+    """``(data section of the speech split the runs train on, the cross-play dataset's directory)``:
+    the slice (prepared on first use) or the quick corpus, and its speech split."""
+    from energyformer.data.speeches import prepare_speech_split
+
     quick = ex.char_data(ctx)
     if quick is not None:
-        return quick
-    from energyformer.data.prepare import prepare_dataset
+        source = f"{quick['root']}/{quick['dataset']}"
+    else:
+        from energyformer.data.prepare import prepare_dataset
 
-    root = ctx.data_root / "shakespeare_500k"
-    out = prepare_dataset("shakespeare_char", out_root=root, slice_bytes=SLICE_BYTES, verbose=False)
-    return {"dataset": out.name, "root": str(root)}
+        root = ctx.data_root / "shakespeare_500k"
+        source = str(prepare_dataset("shakespeare_char", out_root=root, slice_bytes=SLICE_BYTES, verbose=False))
+    out = prepare_speech_split(source, f"{source}_speeches", every=HOLD_OUT)
+    return {"dataset": out.name, "root": str(out.parent)}, source
+
+
+def gap_growth(run_dir, epoch_steps: float) -> dict[str, Any]:
+    """From the training curve: the val − train gap (``val_loss − train_loss_eval``) at the first
+    evaluation after one epoch, at the last evaluation, and its growth (last − first)."""
+    from energyformer.runs.rundir import read_metrics
+
+    evals = [r for r in read_metrics(run_dir) if r.get("val_loss") is not None and r.get("train_loss_eval") is not None]
+    if not evals:
+        return {"epoch1": None, "final": None, "growth": None}
+    first = next((r for r in evals if r["step"] >= epoch_steps), evals[0])
+    g1, g2 = first["val_loss"] - first["train_loss_eval"], evals[-1]["val_loss"] - evals[-1]["train_loss_eval"]
+    return {"epoch1_step": first["step"], "epoch1": g1, "final": g2, "growth": g2 - g1}
 
 
 def config(ctx: ex.Context, recipe: str, width: int, lr: float, steps: int, seed: int,
@@ -50,8 +78,15 @@ def config(ctx: ex.Context, recipe: str, width: int, lr: float, steps: int, seed
 
 
 def run(ctx: ex.Context) -> dict[str, Any]:
-    """Sweep the LR per family at d 128, then every model × width; tabulate losses and the gap."""
-    data = data_section(ctx)
+    """Sweep the LR per family at d 128, then every model × width × seed; tabulate the fixed
+    evaluation on both validation splits and the growth of the same-play gap."""
+    from energyformer.data import load_tokenizer
+    from energyformer.data.meta import load_meta
+    from energyformer.eval.suite import val_loss
+    from energyformer.experiments.stats import format_difference, paired_difference
+    from energyformer.runs.rundir import load_run
+
+    data, cross_dir = data_sections(ctx)
     widths = (8, 16, 24) if ctx.quick else WIDTHS
     sweep_width = 16 if ctx.quick else SWEEP_WIDTH
     sweeps = {label: ex.lr_sweep(ctx, label.replace(" ", "_"),
@@ -59,38 +94,56 @@ def run(ctx: ex.Context) -> dict[str, Any]:
                                  SWEEP_STEPS) for label, recipe in MODELS.items()}
     ex.need_runs(ctx)
     name = lambda label, width, seed: f"{label.replace(' ', '_')}_d{width}_s{seed}"  # noqa: E731
-    trained = {(label, width, seed): ex.train_or_resume(ctx, name(label, width, seed),
-                                                        config(ctx, recipe, width, sweeps[label]["best_lr"], STEPS,
-                                                               seed, data))
-               for label, recipe in MODELS.items() for width in widths for seed in ctx.seed_list(DEFAULT_SEEDS)}
+    cfgs = {(label, width, seed): config(ctx, recipe, width, sweeps[label]["best_lr"], STEPS, seed, data)
+            for label, recipe in MODELS.items() for width in widths for seed in ctx.seed_list(DEFAULT_SEEDS)}
+    trained = {key: ex.train_or_resume(ctx, name(*key), cfg) for key, cfg in cfgs.items()}
     ex.need_runs(ctx)
+    n_train = load_meta(f"{data['root']}/{data['dataset']}")["n_train"]
     results, rows, groups = {}, [], {}
-    for label in MODELS:
+    for (label, width, seed), s in trained.items():
+        where = ex.record_dir(ctx, name(label, width, seed))
+        groups.setdefault(f"{label} d{width}", []).append(where)
+        tr = cfgs[(label, width, seed)]["train"]
+        epoch_steps = n_train / (tr["batch_size"] * cfgs[(label, width, seed)]["model"]["block_size"])
+        model, _, meta = load_run(where)
+        cross = val_loss(model, cross_dir, load_tokenizer(meta), batch_size=32)["loss"]
+        results.setdefault(label, []).append(
+            {"width": width, "seed": seed, "params": s["params"], "best_val_loss": s["best_val_loss"],
+             "val_same": s["final_eval"]["value"], "val_cross": cross, "train_loss": s["final_train_loss"],
+             "gap": gap_growth(where, epoch_steps), "epochs": tr["max_steps"] / epoch_steps,
+             "convergence": ex.convergence(where)})
+    for label, rs in results.items():
         for width in widths:
-            got = []
-            for seed in ctx.seed_list(DEFAULT_SEEDS):
-                s, where = trained[(label, width, seed)], ex.record_dir(ctx, name(label, width, seed))
-                groups.setdefault(f"{label} d{width}", []).append(where)
-                got.append({"width": width, "seed": seed, "params": s["params"], "best_val_loss": s["best_val_loss"],
-                            "val_loss": s["final_eval"]["value"], "final_val_loss": s["final_val_loss"],
-                            "gap": s["final_val_loss"] - s["final_train_loss"], "convergence": ex.convergence(where)})
-            results.setdefault(label, []).extend(got)
+            got = [r for r in rs if r["width"] == width]
             rows.append([label, width, f"{got[0]['params']:,}", f"{sweeps[label]['best_lr']:g}",
-                         ex.pm([g["best_val_loss"] for g in got]), ex.pm([g["val_loss"] for g in got]),
-                         ex.pm([g["gap"] for g in got]), ex.converged_cell([g["convergence"] for g in got])])
-    table = ex.markdown_table(["model", "d_model", "params", "LR", "best val loss (curve)", "final val loss",
-                               "val − train (final, curve)", "converged"], rows)
+                         ex.pm([g["val_same"] for g in got]), ex.pm([g["val_cross"] for g in got]),
+                         ex.pm([g["gap"]["epoch1"] for g in got]), ex.pm([g["gap"]["final"] for g in got]),
+                         ex.pm([g["gap"]["growth"] for g in got]), ex.converged_cell([g["convergence"] for g in got])])
+    table = ex.markdown_table(["model", "d_model", "params", "LR", "val loss, same plays", "val loss, other plays",
+                               "gap after epoch 1", "gap at the end", "gap growth", "converged"], rows)
+    growth = {(r["seed"], r["width"]): r["gap"]["growth"] for r in results.get("GPT", [])}
+    diffs = []
+    for label in ("NRGPT FF2W", "GPT_Rec_parallel"):
+        for width in widths:
+            mine = {r["seed"]: r["gap"]["growth"] for r in results.get(label, []) if r["width"] == width}
+            ref = {seed: g for (seed, w), g in growth.items() if w == width}
+            diffs.append([f"{label} − GPT", width, format_difference(paired_difference(ref, mine))])
+    table += "\n\n" + ex.markdown_table(["gap growth", "d_model", "difference (paired by seed, 95% interval)"], diffs)
     floors = ex.count_floors(data, ctx)
-    table += "\n\n" + ex.floors_table(floors, "val loss (nats/char)")
+    table += "\n\n" + ex.floors_table(floors, "val loss, same plays (nats/char)")
     _plots(ctx, results, groups, floors)
-    header = (f"Overfitting on a {SLICE_BYTES / 1e6:.1f} MB Shakespeare-char slice (dropout 0.1, ≈ 50 epochs); losses "
-              "in nats per character. Final val loss: the fixed evaluation (whole validation split, kept weights); "
-              "best val loss and the val − train gap: the training curve's estimate (the same 10 batches of each "
-              "split at every evaluation). Validation is the slice's last 10%, other plays than training: a gap "
-              "present from the first epoch is the split, its growth over training is overfitting.")
+    header = (f"Overfitting on a {SLICE_BYTES / 1e6:.1f} MB Shakespeare-char slice (dropout 0.1, ≈ "
+              f"{next(iter(results.values()))[0]['epochs']:.0f} epochs of the speech split); losses in nats per "
+              "character. Val loss: the fixed evaluation (whole split, kept weights) on the held-out speeches of the "
+              "same plays and on the slice's last 10% (other plays). Gap: same-play val − train loss from the training "
+              "curve (the same 10 batches of each split at every evaluation); its growth after the first epoch is "
+              "overfitting, a cross-play gap present from the start is the split. Converged: the 95% interval of the "
+              "fitted drop over the last 30% of the pre-cooldown steps lies below 1% of the loss (yes), above it (no) "
+              "or across it (unclear).")
     sweep_list = list(sweeps.values())
     return ex.write_results(ctx, table, {"rows": results, "lr_sweeps": sweep_list, "floors": floors}, header,
-                            "LR sweeps (d_model 128, seed 1, final val loss):\n\n" + ex.sweep_table(sweep_list))
+                            "LR sweeps (d_model 128, seed 1, final val loss on the same-play split):\n\n"
+                            + ex.sweep_table(sweep_list))
 
 
 def _plots(ctx: ex.Context, results: dict[str, Any], groups, floors) -> None:
@@ -98,10 +151,10 @@ def _plots(ctx: ex.Context, results: dict[str, Any], groups, floors) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for label, rs in results.items():
         ps = sorted({r["params"] for r in rs})
-        for ax, key in zip(axes, ("best_val_loss", "gap")):
-            vals = [[r[key] for r in rs if r["params"] == p] for p in ps]
+        for ax, key in zip(axes, ("val_same", "gap_growth")):
+            vals = [[r["gap"]["growth"] if key == "gap_growth" else r[key] for r in rs if r["params"] == p] for p in ps]
             ax.plot(ps, [sum(v) / len(v) for v in vals], "o-", label=label)
-    for ax, title in zip(axes, ("best val loss (nats/char)", "final val − train loss")):
+    for ax, title in zip(axes, ("val loss, same plays (nats/char)", "growth of the same-play val − train gap")):
         ax.set_title(title, fontsize=10)
         ex.finish_axes(ax, "parameters", logx=True)
     ex.save_figure(ctx, fig, "scaling.png")

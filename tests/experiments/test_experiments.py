@@ -225,3 +225,17 @@ def test_listops_more_seeds_go_to_the_widths_beside_the_transition():
     assert next_to_transition([(16, 0.9), (24, 0.95)]) == [16]  # all above: the narrowest
     assert next_to_transition([(16, 0.1), (24, 0.2)]) == [24]  # none reaches it: the widest
     assert next_to_transition([]) == []
+
+
+def test_shakespeare_scaling_gap_growth_reads_the_curve_after_one_epoch(tmp_path):
+    from energyformer.experiments.shakespeare_scaling import gap_growth
+
+    rows = [{"step": 50, "val_loss": 2.0, "train_loss_eval": 2.0},
+            {"step": 100, "val_loss": 1.8, "train_loss_eval": 1.7},
+            {"step": 120, "train_loss": 1.5}, {"step": 200, "val_loss": 1.7, "train_loss_eval": 1.4}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    g = gap_growth(tmp_path, epoch_steps=90)
+    assert g["epoch1_step"] == 100 and g["epoch1"] == pytest.approx(0.1) and g["final"] == pytest.approx(0.3)
+    assert g["growth"] == pytest.approx(0.2)
+    (tmp_path / "metrics.jsonl").write_text("")
+    assert gap_growth(tmp_path, 90)["growth"] is None
