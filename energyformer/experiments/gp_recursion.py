@@ -7,13 +7,17 @@ Runs: the recipes ``configs/gp/{cem_t1, cem_t2, cem_t4, cem_t8, llama}.yaml`` (d
 layers, 2 heads, batch 64 sequences of 32 pairs); 5,000 steps, constant LR with a 10% linear
 cooldown (``lr_schedule: wsd``), 50 evaluations; rows "η per step" add ``per_step_scale: true``
 (η_t = η·c_t, c_t learnable, docs/cem.md §6). The LR of each family (CEM swept at T=1, Llama) is
-chosen by a sweep over {3e-4, 1e-3, 3e-3} at 1,250 steps (seed 1). Every CEM run first sits on a
-loss plateau; the table gives the escape step (the first evaluation below the midpoint of the
-first and the final validation loss) and the RMSE of the trained model.
+chosen by a sweep over {3e-4, 1e-3, 3e-3} at 1,250 steps (seed 1), extended past an edge; every
+other arm checks its own LR (the family's best and the half-decades either side, same budget) and
+uses its own best. Every CEM run first sits on a loss plateau; the table gives the escape step (the
+first evaluation below the midpoint of the first and the final validation loss), the fixed
+validation MSE (whole split, kept weights), the test RMSE per context length, and each arm's
+paired difference (by seed: the same batches) to T=1 and to Llama.
 
-Budget (idle 2-core CPU): 3 seeds of 5 configurations plus 2 "η per step" rows (1 seed each) at
-5,000 steps, and 6 sweep runs ≈ 3 hours (T=8 costs ≈ 8× a T=1 step). ``--quick``: 200 tiny
-sequences of 8 points, d_model 16, 20 steps.
+Budget (idle 2-core CPU, measured at 2 threads: a T=1 run 6.5 min, T=2 11–12, T=4 20, T=8 ≈ 40):
+3 seeds of 5 configurations plus 2 "η per step" rows (1 seed each) at 5,000 steps, 8 family
+sweep runs and 15 per-arm check runs ≈ 7 hours. ``--quick``: 200 tiny sequences of 8 points,
+d_model 16, 20 steps.
 """
 from __future__ import annotations
 
