@@ -179,9 +179,7 @@ def _report(ctx: ex.Context, plan: list[dict[str, Any]], checks: dict[str, Any])
     header = ("CEM against Llama on Shakespeare-char (4 layers, 4,000 steps × 32 × 128 characters, WSD with a 10% "
               "cooldown). Val loss: the fixed evaluation (the whole validation split, nats/char, from the kept "
               "weights), mean ± sample std over seeds. Δ: the paired difference (seed s: the same batches for every "
-              "arm) with its 95% t-interval. Converged: the 95% interval of the fitted drop over the last 30% of the "
-              "pre-cooldown steps lies below 1% of the loss (yes), above it (no), or across it (unclear); slope "
-              "± standard error per 1k steps.")
+              "arm) with its 95% t-interval. " + ex.CONVERGED_NOTE)
     sweeps = list(checks.values())
     return ex.write_results(ctx, table, {"runs": runs, "floors": floors, "lr_checks": sweeps},
                             header, "LR checks (1,000 steps, seed 1; in-training estimate on the same 10 validation "

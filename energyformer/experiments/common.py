@@ -542,9 +542,9 @@ def convergence(run_dir: Path) -> dict[str, Any]:
     validation loss over the last :data:`WINDOW` of the steps before the cooldown, its slope ± standard
     error (nats per 1,000 steps), the fitted drop across the window as a share of the loss with its 95%
     interval, and the verdict of :func:`energyformer.experiments.stats.plateau_test` (``"yes"``: the
-    upper bound of the drop is under :data:`PLATEAU_REL`; ``"no"``: the lower bound is over it;
-    ``"unclear"``: too noisy to tell). ``converged`` is ``verdict == "yes"``; every value is ``None``
-    with fewer than 3 evaluations in the window."""
+    interval lies within ± :data:`PLATEAU_REL`; ``"no"``: its lower bound is a drop over it;
+    ``"rising"``: its upper bound is a rise over it; ``"unclear"``: too noisy to tell). ``converged``
+    is ``verdict == "yes"``; every value is ``None`` with fewer than 3 evaluations in the window."""
     train = read_run_config(run_dir).to_dict()["train"]
     end = stable_end(train)
     start = end - WINDOW * end
@@ -557,13 +557,20 @@ def convergence(run_dir: Path) -> dict[str, Any]:
     return {**out, **plateau_test([p[0] for p in pts], [p[1] for p in pts], end - start, PLATEAU_REL)}
 
 
+#: how every table's "converged" column reads (docs/experiments.md §1)
+CONVERGED_NOTE = ("Converged: the 95% interval of the fitted change of the val loss over the last 30% of the steps "
+                  "before the cooldown lies within ±1% of the loss (yes), is a drop beyond 1% (no: still falling), "
+                  "a rise beyond 1% (rising) or none of these (unclear: too noisy to tell); with the slope ± its "
+                  "standard error per 1k steps.")
+
+
 def converged_cell(convs: Sequence[Mapping[str, Any]]) -> str:
     """The verdicts over seeds (``"yes"``, ``"no"``, ``"unclear"`` or counts such as ``"2 no, 1 unclear"``)
     with the mean slope ± its standard error (per 1k steps; the mean's error over the seeds' fits)."""
     verdicts = [c.get("verdict") for c in convs if c.get("verdict") is not None]
     if not verdicts:
         return "–"
-    counts = {v: verdicts.count(v) for v in ("yes", "no", "unclear") if v in verdicts}
+    counts = {v: verdicts.count(v) for v in ("yes", "no", "rising", "unclear") if v in verdicts}
     word = next(iter(counts)) if len(counts) == 1 else ", ".join(f"{n} {v}" for v, n in counts.items())
     fits = [(c["slope_per_1k"], c["slope_se_per_1k"]) for c in convs if c.get("slope_per_1k") is not None]
     slope = statistics.fmean(f[0] for f in fits)
@@ -730,8 +737,8 @@ def char_data(ctx: Context, dataset: str = "shakespeare_char") -> dict[str, Any]
     return {"dataset": out.name, "root": str(out.parent)}
 
 
-__all__ = ["Context", "PendingRuns", "QUICK", "char_data", "convergence", "converged_cell", "count_floors",
-           "finish_axes", "floors_table", "half_decade", "lr_sweep", "markdown_table", "mean_std", "need_runs",
+__all__ = ["CONVERGED_NOTE", "Context", "PendingRuns", "QUICK", "char_data", "convergence", "converged_cell",
+           "count_floors", "finish_axes", "floors_table", "half_decade", "lr_sweep", "markdown_table", "mean_std", "need_runs",
            "plot_learning_curves", "pm", "pyplot", "quick_text", "recipe_path", "record_dir", "rescore_records",
            "resolve", "same_config", "save_figure", "schedule", "sweep_table", "train_now", "train_or_resume",
            "val_curve", "write_results"]

@@ -165,9 +165,7 @@ def run(ctx: ex.Context) -> dict[str, Any]:
     _plots(ctx, results, curves, groups, floors)
     header = (f"Energy descent of NRGPT per token (total energy E_AT + s_ff E_FF), {len(ctx.seed_list(DEFAULT_SEEDS))} "
               "seed(s), trained with 4 steps: fraction of tokens whose energy never rises after step s. Val loss: the "
-              "fixed evaluation (whole validation split, nats/char, kept weights). Converged: the 95% interval of the "
-              "fitted drop over the last 30% of the pre-cooldown steps lies below 1% of the loss (yes), above it (no) "
-              "or across it (unclear); slope ± standard error per 1k steps.")
+              "fixed evaluation (whole validation split, nats/char, kept weights). " + ex.CONVERGED_NOTE)
     footer = ("LR sweeps (seed 1, in-training estimate on the same 10 validation batches for every LR):\n\n"
               + ex.sweep_table(sweep_list)
               + "\n\nLR sensitivity as the NRGPT paper means it: the loss cost of ÷3 and ×3 from each family's best LR "

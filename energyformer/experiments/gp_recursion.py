@@ -137,9 +137,7 @@ def run(ctx: ex.Context) -> dict[str, Any]:
               f"noise {settings['noise']}), RMSE on {floor['n']} test sequences (all positions, per context length), "
               "and the fixed validation MSE (the whole validation split, kept weights); mean ± std over seeds "
               "(η-per-step rows: 1 seed); Δ: paired by seed (the same batches for every arm). Escape: first evaluation "
-              "below the midpoint of the first and final val loss. Converged: the 95% interval of the fitted drop over "
-              "the last 30% of the pre-cooldown steps lies below 1% of the loss (yes), above it (no) or across it "
-              "(unclear).")
+              "below the midpoint of the first and final val loss. " + ex.CONVERGED_NOTE)
     sweep_list = list(sweeps.values()) + [c for c in checks.values() if c]
     return ex.write_results(ctx, table, {"settings": settings, "rows": results, "lr_sweeps": sweep_list},
                             header, "LR sweeps and per-arm checks (seed 1, final val MSE on the whole validation "

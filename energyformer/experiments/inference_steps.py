@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from energyformer.experiments.common import (
+    CONVERGED_NOTE,
     Context,
     converged_cell,
     convergence,
@@ -166,7 +167,5 @@ def run(ctx: Context) -> dict[str, Any]:
     header = (f"Validation loss vs steps at inference, {len(ctx.seed_list(DEFAULT_SEEDS))} seed(s); "
               f"nats per character on one fixed set of {EVAL_BATCHES} validation batches (seed {EVAL_SEED}, the same "
               "windows for every model, seed and step count); "
-              "models from energy_descent (NRGPT) and cem_ablation (CEM T=2). Trained model converged: the 95% "
-              "interval of its fitted drop over the last 30% of the pre-cooldown steps lies below 1% of the loss "
-              "(yes), above it (no) or across it (unclear); slope ± standard error per 1k steps.")
+              "models from energy_descent (NRGPT) and cem_ablation (CEM T=2). Trained model " + CONVERGED_NOTE)
     return write_results(ctx, table, {"rows": results, "sources": names, "floors": floors}, header)

@@ -170,9 +170,7 @@ def run(ctx: ex.Context) -> dict[str, Any]:
     header = (f"ListOps held-out accuracy (greedy final answer, {len(problems)} test problems; one seed: ± its "
               f"standard error; beside each model's transition {1 + EXTRA_SEEDS} seeds: mean ± sample std over seeds), "
               f"{PILOT_STEPS:,} steps with the reference's {DECAY_HORIZON:,}-iteration decay horizon. Val loss: the "
-              "fixed evaluation (whole validation split, kept weights). Converged: the 95% interval of the fitted "
-              "drop over the last 30% of the steps lies below 1% of the loss (yes), above it (no) or across it "
-              "(unclear).")
+              "fixed evaluation (whole validation split, kept weights). " + ex.CONVERGED_NOTE)
     return ex.write_results(ctx, table, {"pilot": pilot, "widths": sweep}, header, verdict)
 
 

@@ -137,9 +137,7 @@ def run(ctx: ex.Context) -> dict[str, Any]:
               "character. Val loss: the fixed evaluation (whole split, kept weights) on the held-out speeches of the "
               "same plays and on the slice's last 10% (other plays). Gap: same-play val − train loss from the training "
               "curve (the same 10 batches of each split at every evaluation); its growth after the first epoch is "
-              "overfitting, a cross-play gap present from the start is the split. Converged: the 95% interval of the "
-              "fitted drop over the last 30% of the pre-cooldown steps lies below 1% of the loss (yes), above it (no) "
-              "or across it (unclear).")
+              "overfitting, a cross-play gap present from the start is the split. " + ex.CONVERGED_NOTE)
     sweep_list = list(sweeps.values())
     return ex.write_results(ctx, table, {"rows": results, "lr_sweeps": sweep_list, "floors": floors}, header,
                             "LR sweeps (d_model 128, seed 1, final val loss on the same-play split):\n\n"

@@ -2,9 +2,10 @@
 
 - :func:`linear_fit`: a least-squares line with the standard error of its slope;
 - :func:`plateau_test`: convergence with evidence (docs/experiments.md §1): a run is *converged*
-  when the 95% upper bound of its fitted drop across the window is under a share of the loss,
-  *still falling* when even the 95% lower bound is over it, and *unclear* otherwise (a noisy
-  curve, rising or falling, is never called converged);
+  when the 95% interval of its fitted change across the window lies within ± a share of the loss,
+  *still falling* when even its lower bound is a drop over that share, *rising* when even its
+  upper bound is a rise over it, and *unclear* otherwise (a noisy curve, rising or falling, is
+  never called converged);
 - :func:`paired_difference`: the mean of per-seed differences between two arms trained on the
   same data order (seed s gives every model the same batches) with its 95% t-interval;
 - :func:`interpolate_log`: read a loss-vs-size curve at another size (linear in log size), for
@@ -77,10 +78,11 @@ def plateau_test(steps: Sequence[float], vals: Sequence[float], width: float,
     ``drop = −slope · width``, and its 95% interval ``(−slope ∓ t·se) · width``; relative to the
     mean loss ``L`` of the window:
 
-    - ``"yes"``: the upper bound of the drop is under ``threshold · L`` (the loss may have fallen,
-      but by less than the threshold, with 95% confidence; a tightly rising curve is past its best);
+    - ``"yes"``: the whole interval lies within ``± threshold · L`` (flat, with 95% confidence);
     - ``"no"``: the lower bound of the drop is at least ``threshold · L`` (still falling);
-    - ``"unclear"``: the interval straddles the threshold (too noisy to tell; never converged).
+    - ``"rising"``: the upper bound of the drop is at most ``−threshold · L`` (the loss rises: past its
+      best, e.g. overfitting);
+    - ``"unclear"``: anything else (too noisy to tell; never converged).
 
     Args:
         steps, vals: the evaluations inside the window (at least 3).
@@ -100,7 +102,14 @@ def plateau_test(steps: Sequence[float], vals: Sequence[float], width: float,
     level = abs(fit["mean_y"]) or 1.0
     drop, half = -fit["slope"] * width, t * fit["se"] * width
     lo, hi = (drop - half) / level, (drop + half) / level
-    verdict = "yes" if hi < threshold else ("no" if lo >= threshold else "unclear")
+    if -threshold < lo and hi < threshold:
+        verdict = "yes"
+    elif lo >= threshold:
+        verdict = "no"
+    elif hi <= -threshold:
+        verdict = "rising"
+    else:
+        verdict = "unclear"
     return {"slope_per_1k": fit["slope"] * 1000, "slope_se_per_1k": fit["se"] * 1000, "drop": drop,
             "drop_rel": drop / level, "drop_rel_lo": lo, "drop_rel_hi": hi, "verdict": verdict,
             "converged": verdict == "yes"}

@@ -113,6 +113,10 @@ def test_convergence_slope_and_plateau(tmp_path):
     c = convergence(noisy)
     assert c["slope_per_1k"] > 0 and c["verdict"] == "unclear" and c["converged"] is False
     shutil.rmtree(noisy)
+    # a loss rising steadily (overfitting) is past its best, not flat
+    rising = _fake_run(tmp_path, [3.0, 2.5, 2.2, 2.1, 2.0, 2.05, 2.1, 2.15, 2.2, 2.1], every=100)
+    assert convergence(rising)["verdict"] == "rising" and convergence(rising)["converged"] is False
+    shutil.rmtree(rising)
     c = convergence(_fake_run(tmp_path, [3.0, 2.0]))
     assert c["converged"] is None and c["verdict"] is None  # too few evaluations
     assert common.converged_cell([c]) == "–"

@@ -63,6 +63,11 @@ def test_plateau_test_verdicts():
     noisy = [2.0 + 0.05 * ((-1) ** i) + 1e-5 * x for i, x in enumerate(xs)]  # rising, very noisy
     r = plateau_test(xs, noisy, 1200)
     assert r["slope_per_1k"] > 0 and r["verdict"] == "unclear" and not r["converged"]
+    # rising a little (0.6% across the window) but so noisy that a 1% rise cannot be excluded: not flat
+    wobbly = [2.0 + 1e-5 * x + 0.02 * ((-1) ** i) for i, x in enumerate(xs)]
+    r = plateau_test(xs, wobbly, 1200)
+    assert r["drop_rel"] < 0 and r["drop_rel_lo"] < -0.01 and r["verdict"] == "unclear"
+    assert plateau_test(xs, [2.0 + 1e-4 * x for x in xs], 1200)["verdict"] == "rising"
 
 
 def test_paired_difference_and_its_interval():
