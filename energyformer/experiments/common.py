@@ -738,7 +738,7 @@ def char_data(ctx: Context, dataset: str = "shakespeare_char") -> dict[str, Any]
 
 
 __all__ = ["CONVERGED_NOTE", "Context", "PendingRuns", "QUICK", "char_data", "convergence", "converged_cell",
-           "count_floors", "finish_axes", "floors_table", "half_decade", "lr_sweep", "markdown_table", "mean_std", "need_runs",
-           "plot_learning_curves", "pm", "pyplot", "quick_text", "recipe_path", "record_dir", "rescore_records",
-           "resolve", "same_config", "save_figure", "schedule", "sweep_table", "train_now", "train_or_resume",
-           "val_curve", "write_results"]
+           "count_floors", "finish_axes", "floors_table", "half_decade", "lr_sweep", "markdown_table", "mean_std",
+           "need_runs", "plot_learning_curves", "pm", "pyplot", "quick_text", "recipe_path", "record_dir",
+           "rescore_records", "resolve", "same_config", "save_figure", "schedule", "sweep_table", "train_now",
+           "train_or_resume", "val_curve", "write_results"]
