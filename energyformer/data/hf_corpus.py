@@ -348,7 +348,9 @@ def prepare_hf(s: HFSettings, out_dir: str | Path | None = None, out_root: str |
         s: the settings.
         out_dir: the dataset folder (default :func:`default_out_dir`).
         out_root: parent folder of the default dataset folder.
-        force: rebuild even if up to date (finished shards of the same settings are still reused).
+        force: rebuild even if up to date (finished shards of the same settings are still reused),
+            and replace a dataset of other settings (never a training run:
+            ``energyformer.data.prepare.check_out_dir``).
         progress: show the tokens/s progress bar (None: only on a terminal).
         verbose: print what happens.
 
@@ -356,15 +358,18 @@ def prepare_hf(s: HFSettings, out_dir: str | Path | None = None, out_root: str |
         the dataset folder.
 
     Raises:
-        ValueError: a missing text column, too few tokens for the validation split.
+        ValueError: a missing text column, too few tokens for the validation split; ``out_dir``
+            holds a training run, or (without ``force``) a dataset of other settings.
+        NotADirectoryError: ``out_dir`` is a file.
         FileNotFoundError: a local folder without data files.
         DataPreparationError: gpt2: the ranks file cannot be fetched.
     """
-    from .prepare import check_prepared
+    from .prepare import check_out_dir, check_prepared
 
     say = print if verbose else (lambda msg: None)
     out_dir = Path(out_dir) if out_dir is not None else default_out_dir(s.dataset, out_root)
     expected = _expected(s, out_dir)
+    check_out_dir(out_dir, expected, force)
     if not force and check_prepared(out_dir, expected) is None:
         say(f"{out_dir} is up to date; pass --force to rebuild")
         return out_dir

@@ -24,6 +24,9 @@ NO_DATASET = "none"
 TOKEN_DTYPE = np.uint16  # the dtype of the token files of a vocabulary that fits it
 TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 MAX_UINT16_VOCAB = 65535  # id 65535 is kept free
+#: what only a training run's directory holds (the names of ``energyformer.runs.layout``, a floor
+#: above this one; tests/data/test_prepare_guard.py checks they agree): a prepare never writes there
+RUN_FILES = ("config.yaml", "checkpoint.json", "summary.json", "metrics.jsonl", "train_state.pt", "checkpoints")
 
 
 def dtype_for_vocab(vocab_size: int) -> str:

