@@ -106,7 +106,20 @@ def default_out_dir(dataset: str, out_root: str | Path = "data") -> Path:
 # Reading documents
 # ----------------------------------------------------------------------------------------------
 
-def _local_files(path: Path) -> list[Path]:
+def _expected_records(builder: str, text_field: str) -> str:
+    """What a local file of ``builder`` holds, for error messages."""
+    return {"json": f"one JSON object per line with the document's text in {text_field!r} (--text-field)",
+            "parquet": f"a parquet table with a {text_field!r} column (--text-field)",
+            "text": "the text of one document"}[builder]
+
+
+def _local_files(path: Path, text_field: str = "text") -> list[Path]:
+    """The data files of a local source: the file itself, or a folder's files in sorted order.
+
+    Raises:
+        FileNotFoundError: a folder without data files.
+        ValueError: files of several kinds, or every file empty (named).
+    """
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in LOCAL_BUILDERS)
     if not files:
         raise FileNotFoundError(f"{str(path)!r} holds no {'/'.join(LOCAL_BUILDERS)} files")
@@ -114,6 +127,11 @@ def _local_files(path: Path) -> list[Path]:
     if None in kinds or len(kinds) > 1:
         raise ValueError(f"dataset={str(path)!r}: expected .jsonl/.json, .parquet or .txt files of one kind; "
                          f"got suffixes {sorted({p.suffix for p in files})}")
+    if all(f.stat().st_size == 0 for f in files):
+        what = f"{str(path)!r} is empty" if path.is_file() else \
+            f"every file in {str(path)!r} is empty ({', '.join(repr(f.name) for f in files[:3])}" \
+            f"{', ...' if len(files) > 3 else ''})"
+        raise ValueError(f"{what}; expected {_expected_records(kinds.pop(), text_field)}")
     return files
 
 
@@ -123,7 +141,7 @@ def source_identity(s: HFSettings) -> dict[str, Any]:
     ident: dict[str, Any] = {"kind": "hf", "dataset": s.dataset, "config": s.config, "split": s.split,
                              "text_field": s.text_field, "max_documents": s.max_documents}
     if path.exists():
-        ident["files_sha256"] = [sha256_file(p) for p in _local_files(path)]
+        ident["files_sha256"] = [sha256_file(p) for p in _local_files(path, s.text_field)]
     return ident
 
 
@@ -132,16 +150,21 @@ def iter_documents(s: HFSettings, skip: int = 0) -> Iterator[str]:
 
     Raises:
         FileNotFoundError: a local folder without data files.
-        ValueError: no column ``text_field`` (the columns are listed) or a non-text value.
+        ValueError: no column ``text_field`` (the columns are listed) or a non-text value; local
+            files that hold no document (named).
     """
     from datasets import load_dataset
 
     path = Path(s.dataset)
     if path.exists():
-        files = _local_files(path)
+        files = _local_files(path, s.text_field)
         builder = LOCAL_BUILDERS[files[0].suffix]
         extra = {"sample_by": "document"} if builder == "text" else {}
-        ds = load_dataset(builder, data_files=[str(f) for f in files], split=s.split, streaming=True, **extra)
+        try:
+            ds = load_dataset(builder, data_files=[str(f) for f in files], split=s.split, streaming=True, **extra)
+        except StopIteration:  # (datasets' json reader on files of blank lines, raised inside a generator)
+            raise ValueError(f"{s.dataset!r} holds no documents; expected "
+                             f"{_expected_records(builder, s.text_field)}") from None
     else:
         ds = load_dataset(s.dataset, s.config, split=s.split, streaming=True)
     limit = None if s.max_documents is None else max(0, s.max_documents - skip)
@@ -389,6 +412,10 @@ def prepare_hf(s: HFSettings, out_dir: str | Path | None = None, out_root: str |
 
 def _finish(out_dir: Path, shards: Path, state: dict[str, Any], s: HFSettings, expected: dict[str, Any],
             say: Callable[[str], None]) -> Path:
+    if not any(sh["n_documents"] for sh in state["shards"]):  # (files of blank lines)
+        builder = LOCAL_BUILDERS.get(Path(s.dataset).suffix)
+        raise ValueError(f"{s.dataset!r} holds no documents"
+                         + (f"; expected {_expected_records(builder, s.text_field)}" if builder else ""))
     vocab_size = int(state["tokenizer"]["vocab_size"])
     dtype = np.dtype(dtype_for_vocab(vocab_size))
     (out_dir / META_FILE).unlink(missing_ok=True)

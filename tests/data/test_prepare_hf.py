@@ -192,3 +192,27 @@ def test_cli_prepare_hf_then_a_three_step_train(tmp_path, monkeypatch, capsys):
                  "--train.eval_interval", "3", "--train.eval_iters", "1", "--train.warmup_steps", "1",
                  "--train.compile", "false"]) == 0
     assert "done: 3 steps" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("tokenizer", ["char", "bpe", "gpt2"])
+def test_an_empty_file_is_one_error_line_naming_it(tmp_path, monkeypatch, capsys, tokenizer):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "e.jsonl").write_bytes(b"")  # `: > e.jsonl`
+    assert main(["prepare", "hf", "--dataset", "e.jsonl", "--tokenizer", tokenizer, "--num-proc", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: 'e.jsonl' is empty; expected one JSON object per line with the document's text in "
+                   "'text' (--text-field)"]
+    assert not (tmp_path / "data").exists()  # nothing written
+
+
+def test_files_without_documents_are_named(tmp_path):
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    for name in ("a.jsonl", "b.jsonl"):
+        (folder / name).write_bytes(b"")
+    with pytest.raises(ValueError, match=r"^every file in '.*parts' is empty \('a\.jsonl', 'b\.jsonl'\); expected one "
+                                         r"JSON object per line"):
+        _prep(tmp_path, folder, "p")
+    (tmp_path / "blank.jsonl").write_text("\n\n  \n")
+    with pytest.raises(ValueError, match=r"blank\.jsonl' holds no documents; expected one JSON object per line"):
+        _prep(tmp_path, tmp_path / "blank.jsonl", "b")
