@@ -155,9 +155,7 @@ def _report(ctx: ex.Context, plan: list[dict[str, Any]], checks: dict[str, Any])
         if key not in flops:
             flops[key] = _flops_per_token(p["cfg"])
         tr = p["cfg"]["train"]
-        tokens = p["steps"] * tr.get("batch_size", 32) * p["cfg"]["model"].get("block_size", 128)
-        if ctx.quick:
-            tokens = tr["max_steps"] * tr["batch_size"] * p["cfg"]["model"]["block_size"]
+        tokens = tr["max_steps"] * tr["batch_size"] * p["cfg"]["model"]["block_size"]
         where = ex.record_dir(ctx, p["name"])
         runs.append({k: p[k] for k in ("label", "width", "seed", "steps", "cooldown", "name", "tag")}
                     | {"diverged": bool(s.get("diverged")), "val_loss": (s.get("final_eval") or {}).get("value"),
