@@ -108,6 +108,26 @@ def val_loss(model: Any, data_dir: str | Path, tokenizer: Any, batch_size: int =
     data = np.asarray(split if max_tokens is None else split[:max_tokens + 1], dtype=np.int64)
     if len(data) < 2:
         raise ValueError(f"{str(path)!r} holds {len(data)} tokens; val_loss needs at least 2")
+    loss, count = windows_loss(model, data, batch_size, device, progress)
+    n_bytes = len(tokenizer.decode(data[1:].tolist()).encode("utf-8"))
+    return {"loss": loss, "perplexity": perplexity(loss), "bits_per_token": bits_per_token(loss),
+            "bits_per_byte": bits_per_byte(loss, count, n_bytes), "tokens": count, "bytes": n_bytes}
+
+
+@torch.no_grad()
+def windows_loss(model: Any, data: np.ndarray, batch_size: int = 8, device: str | torch.device = "cpu",
+                 progress: bool | None = False) -> tuple[float, int]:
+    """Mean next-token loss (nats/token) of ``model`` over the token ids ``data`` (shape (n,)) in
+    consecutive windows of ``model.config.block_size``: each window predicts its tokens from the ones
+    before it in the window, so every token after the first is scored once, with 1…``block_size``
+    tokens of context. Returns ``(loss, tokens scored)``.
+
+    Raises:
+        ValueError: fewer than 2 tokens.
+    """
+    data = np.asarray(data, dtype=np.int64)
+    if len(data) < 2:
+        raise ValueError(f"{len(data)} tokens: scoring needs at least 2")
     block = model.config.block_size
     starts = list(range(0, len(data) - 1, block))
     total, count = 0.0, 0
@@ -126,10 +146,7 @@ def val_loss(model: Any, data_dir: str | Path, tokenizer: Any, batch_size: int =
         count += int((y >= 0).sum())
         bar.update(len(chunk))
     bar.close()
-    loss = total / count
-    n_bytes = len(tokenizer.decode(data[1:].tolist()).encode("utf-8"))
-    return {"loss": loss, "perplexity": perplexity(loss), "bits_per_token": bits_per_token(loss),
-            "bits_per_byte": bits_per_byte(loss, count, n_bytes), "tokens": count, "bytes": n_bytes}
+    return total / count, count
 
 
 def _disable(progress: bool | None) -> bool | None:

@@ -247,6 +247,9 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu", *,
              language_model: bool = True) -> tuple[Any, RunConfig, dict[str, Any]]:
     """Rebuild a trained model from a run directory for sampling, evaluation or inspection.
 
+    ``run_dir`` may name a model of the zoo that ships with energyformer, ``"zoo:NAME"``
+    (:mod:`energyformer.runs.zoo`; ``energyformer zoo`` lists them).
+
     Returns:
         ``(model, run_cfg, meta)``: the model in eval mode on ``device``, the
         :class:`RunConfig` from ``config.yaml`` and the data meta dict (the run's ``meta.json``,
@@ -260,7 +263,8 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu", *,
 
     Raises:
         NotADirectoryError: ``run_dir`` is a file.
-        FileNotFoundError: the directory, ``config.yaml``, ``model.safetensors`` or any meta.json
+        FileNotFoundError: ``zoo:NAME`` names no entry; the directory, ``config.yaml``,
+            ``model.safetensors`` or any meta.json
             is missing (the message names the file).
         ValueError: corrupt weights or config, weights that do not match the config, a
             meta.json whose vocabulary differs from the one the run trained with (named), or
@@ -268,8 +272,9 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu", *,
     """
     from energyformer.data import identity_change, vocab_identity
     from energyformer.models.registry import build_model
+    from energyformer.runs.zoo import resolve_run_dir
 
-    run_dir = Path(run_dir)
+    run_dir = resolve_run_dir(run_dir)  # "zoo:NAME": a model that ships with the package
     if run_dir.is_file():
         raise NotADirectoryError(f"{str(run_dir)!r} is a file; expected a run directory written by "
                                  "`energyformer train` (its train.out_dir)")

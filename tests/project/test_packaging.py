@@ -23,7 +23,7 @@ def _source_copy(dest: Path) -> Path:
     for name in SOURCE_FILES:
         shutil.copy2(ROOT / name, dest / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(ROOT / "energyformer", dest / "energyformer", ignore=ignore)
+    shutil.copytree(ROOT / "energyformer", dest / "energyformer", ignore=ignore)  # with its zoo/
     shutil.copytree(ROOT / "configs", dest / "configs", ignore=ignore)
     return dest
 
@@ -48,6 +48,8 @@ def test_wheel_holds_every_module_recipe_and_the_entry_point(wheel):
     assert modules - names == set()
     recipes = {"energyformer/" + p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").rglob("*.yaml")}
     assert len(recipes) > 20 and recipes - names == set()
+    zoo = {p.relative_to(ROOT).as_posix() for p in (ROOT / "energyformer" / "zoo").rglob("*") if p.is_file()}
+    assert any(z.endswith("model.safetensors") for z in zoo) and zoo - names == set()  # the model zoo ships
     info = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "energyformer = energyformer.cli:main" in zipfile.ZipFile(wheel).read(info).decode()
     meta = email.message_from_bytes(zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("/METADATA"))))
