@@ -140,6 +140,8 @@ def _unknown_dataset(name: str) -> str:
 
 
 class _PrepareParser(ArgParser):
+    subcommand_noun = "dataset"
+
     def invalid_choice(self, value: str) -> str:
         return _unknown_dataset(value)
 

@@ -9,17 +9,20 @@ override (``--train.max_steps 10``) is read by an :class:`ArgParser`, a
   spelled as a Python keyword names the parameter with a trailing ``_`` (``--as`` → ``as_``);
 - a boolean option given alone means true (``--force``, ``--train.tensorboard``);
 - an integer option takes a whole number in scientific notation (``--train.max_steps 1e9`` is
-  ``1000000000``; ``1.5e0`` stays an error);
+  ``1000000000``; ``1.5e0`` stays an error), up to :data:`INT_LIMIT` (a larger one, ``1e30``, is
+  "too large"), and a float option refuses a finite literal beyond the float range (``1e400``);
 - ``inf``, ``-inf``, ``nan`` (any case, also ``Infinity``) are numbers for a float option, and
   ``-1``, ``-1e-3``, ``-inf`` are values, not flags, so the option's own check names its range;
 - ``none`` / ``None`` (like ``null`` and ``~``) is null for an optional option; a plain ``str``
   option keeps the word;
 - ``--config FILE`` may name a command's recipe (:attr:`ArgParser.config_flag`);
-- every error is one ``ValueError`` line naming the option, the value and the expected type.
+- every error is one ``ValueError`` line naming the option, the value exactly as typed and the
+  expected type; a missing (sub)command lists every choice with a usage line.
 """
 from __future__ import annotations
 
 import argparse
+import contextvars
 import keyword
 import math
 import re
@@ -61,6 +64,14 @@ def _accepts(tp: Any, kind: type) -> bool:
 
 
 _SCIENTIFIC = re.compile(r"^[+-]?\d+(\.\d*)?[eE][+]?\d+$")
+_DIGITS = re.compile(r"^[+-]?\d+$")
+#: the largest magnitude an integer option takes: what an int64 (a checkpoint, a tensor, numpy) holds
+INT_LIMIT = 2 ** 63 - 1
+_INF_WORDS = ("inf", "infinity")
+
+
+class _TooLarge(ValueError):
+    """An integer option's whole number beyond :data:`INT_LIMIT`."""
 
 
 def _int_only(tp: Any) -> bool:
@@ -69,15 +80,46 @@ def _int_only(tp: Any) -> bool:
 
 def _scientific_int(value: Any) -> int | None:
     """``"1e9"`` (or the float ``1e9``, as YAML reads ``1.0e+9``) → ``1000000000``: an integer
-    option takes a whole number written in scientific notation; anything else → ``None``."""
+    option takes a whole number written in scientific notation; anything else → ``None``.
+
+    Raises:
+        _TooLarge: a whole number (also in plain digits) beyond :data:`INT_LIMIT` in magnitude.
+    """
     import decimal
 
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        if abs(value) > INT_LIMIT:
+            raise _TooLarge(value)
         return int(value)
+    if isinstance(value, str) and _DIGITS.match(value.strip()):  # plain digits: jsonargparse reads them
+        digits = value.strip().lstrip("+-").lstrip("0")
+        if len(digits) > len(str(INT_LIMIT)) or (digits and int(digits) > INT_LIMIT):
+            raise _TooLarge(value)
+        return None
     if not isinstance(value, str) or not _SCIENTIFIC.match(value.strip()):
         return None
     number = decimal.Decimal(value.strip())
-    return int(number) if number == number.to_integral_value() and abs(number) < 10 ** 30 else None
+    if number != number.to_integral_value():
+        return None
+    if abs(number) > INT_LIMIT:  # (compared as a Decimal: 1e400 never becomes a 400-digit int)
+        raise _TooLarge(value)
+    return int(number)
+
+
+def _float_overflow(text: Any) -> bool:
+    """Whether ``text`` is a finite literal beyond the float range (``"1e400"``, read as inf), not ``inf`` itself."""
+    if not isinstance(text, str) or nonfinite_float(text) is None:
+        return False
+    return text.strip().lstrip("+-").lower() not in (*_INF_WORDS, "nan")
+
+
+#: the options as typed on the command line being parsed (dest -> (flag, value)), for messages
+_TYPED: contextvars.ContextVar[dict[str, tuple[str, str]] | None] = contextvars.ContextVar("typed", default=None)
+
+
+def _shown(key: str) -> str:
+    """How an option is named in a message: ``train.max_steps`` (a run-config key) or ``--top_k`` (a flag)."""
+    return key if "." in key else f"--{key}"
 
 
 def _flat(obj: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -153,11 +195,17 @@ class ArgParser(ArgumentParser):
             ValueError: a usage error, as one line naming the option and the expected type.
             SystemExit: ``--help`` (status 0).
         """
-        tokens, parsers = self._normalize(list(sys.argv[1:] if args is None else args))
+        tokens, parsers, typed = self._normalize(list(sys.argv[1:] if args is None else args))
+        outer = _TYPED.get()  # jsonargparse parses a subcommand's (normalized) tokens with its own parse_args
+        reset = _TYPED.set(typed) if outer is None else None
+        typed = typed if outer is None else {**typed, **outer}  # the flags as the user typed them
         try:
             return super().parse_args(tokens, namespace, **kwargs)
         except ArgumentError as e:
-            raise ValueError(self._one_line(str(e), parsers)) from None
+            raise ValueError(self._one_line(str(e), parsers, typed)) from None
+        finally:
+            if reset is not None:
+                _TYPED.reset(reset)
 
     def parse_object(self, obj: Any, *args: Any, **kwargs: Any):
         """``jsonargparse.ArgumentParser.parse_object`` (a float option's ``"inf"`` / ``"nan"`` string,
@@ -177,13 +225,34 @@ class ArgParser(ArgumentParser):
                 value = self._numbers(value, f"{dest}.")
             elif _accepts(self.hints.get(dest), float) and nonfinite_float(value) is not None:
                 value = nonfinite_float(value)
-            elif _int_only(self.hints.get(dest)) and _scientific_int(value) is not None:
-                value = _scientific_int(value)
+            elif _int_only(self.hints.get(dest)):
+                value = self._int_value(dest, value)
             out[key] = value
         return out
 
-    def _normalize(self, tokens: list[str]) -> tuple[list[str], list[ArgParser]]:
+    @staticmethod
+    def _int_value(key: str, value: Any, flag: str | None = None) -> Any:
+        """An integer option's value: a whole number in scientific notation as an int, else as given.
+
+        Raises:
+            ValueError: a whole number beyond :data:`INT_LIMIT` ("too large", named as given: ``flag``).
+        """
+        try:
+            n = _scientific_int(value)
+        except _TooLarge:
+            raise ValueError(f"{flag or _shown(key)}={value!r} is too large; expected an integer of magnitude "
+                             f"at most 2**63 - 1 ({INT_LIMIT})") from None
+        return value if n is None else n
+
+    def _normalize(self, tokens: list[str]) -> tuple[list[str], list[ArgParser], dict[str, tuple[str, str]]]:
+        """The tokens jsonargparse reads (flag names with ``_``, numbers spelled as it reads them),
+        the parsers of the (sub)commands met, and each option's flag and value as typed (for messages).
+
+        Raises:
+            ValueError: a number too large for its option (see :meth:`_int_value`).
+        """
         parsers: list[ArgParser] = [self]
+        typed: dict[str, tuple[str, str]] = {}  # option dest -> (the flag as typed, its value as typed)
         out: list[str] = []
         i = first = 0  # first: where the current (sub)command's own tokens start
         while i < len(tokens):
@@ -205,9 +274,17 @@ class ArgParser(ArgumentParser):
             if keyword.iskeyword(name) and f"--{name}" not in parser._option_string_actions:
                 name += "_"
             apart = not eq and i + 1 < len(tokens)  # `--flag VALUE`
-            x = nonfinite_float(tokens[i + 1] if apart else value) if _accepts(parser.hints.get(name), float) else None
-            n = _scientific_int(tokens[i + 1] if apart else value) if _int_only(parser.hints.get(name)) else None
-            if n is not None:
+            text = tokens[i + 1] if apart else value
+            flag = name if "." in name else tok.partition("=")[0]  # a run-config key, or the flag as typed
+            if apart or eq:
+                typed[name] = (flag, text)
+            hint = parser.hints.get(name)
+            if _accepts(hint, float) and _float_overflow(text):
+                raise ValueError(f"{flag}={text!r} is too large; expected a number of magnitude at most "
+                                 f"{sys.float_info.max:.4g} (or inf)")
+            x = nonfinite_float(text) if _accepts(hint, float) else None
+            n = self._int_value(name, text, flag) if _int_only(hint) else None
+            if isinstance(n, int):
                 out.append(f"--{name}={n}")
                 i += apart
             elif x is None:
@@ -216,18 +293,26 @@ class ArgParser(ArgumentParser):
                 out.append(f"--{name}={'.nan' if math.isnan(x) else '.inf' if x > 0 else '-.inf'}")
                 i += apart
             i += 1
-        return out, parsers
+        return out, parsers, typed
 
     # -- errors -------------------------------------------------------------------------------------
     def _one_line(self, message: str, parsers: Sequence[ArgParser], values: Mapping[str, Any] = {}) -> str:
+        """jsonargparse's error ``message`` as one line; ``values``: each option's value as the user gave
+        it, or ``(flag as typed, value as typed)`` (jsonargparse names the value it parsed: ``inf`` for
+        ``1e400``, ``1.5`` for ``1.5e0``)."""
         hints = {k: v for p in parsers for k, v in p.hints.items()}
         typed = re.search(r'Parser key "([\w.]+)":.*?(?:Got|Given) value: (.*?)(?:\n|$)', message, re.S)
         if typed:
             key, given = typed.groups()
             key = key if key in hints else key.split(".", 1)[-1]  # `sample.top_k` → `top_k`
             if key in hints:
-                value = values.get(key, given.strip())
-                return f"{key if '.' in key else '--' + key}={value!r} must be {type_name(hints[key])}"
+                flag, value = _shown(key), values.get(key, given.strip())
+                if isinstance(value, tuple):
+                    flag, value = value
+                return f"{flag}={value!r} must be {type_name(hints[key])}"
+        missing = re.match(r'expected "([\w.]+)" to be one of \{.*\}, but it was not provided', message, re.S)
+        if missing:
+            return parsers[-1].missing_subcommand()
         bare = re.match(r"argument (--[\w.]+): expected one argument", message)
         if bare and bare.group(1)[2:] in hints:
             return f"{parsers[-1].noun}{bare.group(1)} needs a value ({type_name(hints[bare.group(1)[2:]])})"
@@ -238,6 +323,18 @@ class ArgParser(ArgumentParser):
         if choice:
             return parsers[-1].invalid_choice(choice.group(1)) or " ".join(message.split())
         return " ".join(message.split())
+
+    #: what a subcommand of this parser is called in messages (``energyformer prepare``: "dataset")
+    subcommand_noun = "command"
+
+    def missing_subcommand(self) -> str:
+        """The error for a command line that stops before this parser's subcommand: every choice and
+        a usage line (``energyformer`` alone)."""
+        choices = next((list(a.choices) for a in self._actions if isinstance(a, argparse._SubParsersAction)), [])
+        noun, prog = self.subcommand_noun, self.prog.replace(" [options]", "")  # (argparse's prog of a subcommand)
+        return (f"{prog} needs a {noun}, one of: {', '.join(choices)} "
+                f"(usage: {prog} [options] {noun.upper()} ...; `{prog} {noun.upper()} --help` "
+                f"lists a {noun}'s options)")
 
     def unrecognized(self, tokens: list[str]) -> str:
         """The error for tokens no option takes (a hook: run-config overrides name the key)."""

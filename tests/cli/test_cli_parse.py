@@ -189,3 +189,53 @@ def test_help_shows_a_blank_string_default_as_its_literal(capsys):
     out = " ".join(capsys.readouterr().out.split())  # the help is wrapped to the terminal
     assert "type: str, default: '\\n')" in out  # --prompt's newline, not an empty "default: "
     assert "type: str, default: auto)" in out  # a printable string default stays as it was
+
+
+def test_a_command_line_without_a_command_lists_every_command_with_a_usage_line(capsys):
+    from energyformer.cli import COMMANDS
+    from energyformer.commands import _prepare_table
+
+    for argv, names, noun in (([], COMMANDS, "command"), (["--import", "json"], COMMANDS, "command"),
+                              (["prepare"], _prepare_table(), "dataset")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        prog = " ".join(["energyformer", *argv[:1]]) if argv[:1] == ["prepare"] else "energyformer"
+        assert len(err) == 1 and err[0].startswith(f"error: {prog} needs a {noun}, one of: {', '.join(names)} ")
+        assert f"(usage: {prog} [options] {noun.upper()} ...;" in err[0]
+
+
+@pytest.mark.parametrize("tokens, message", [
+    (["--train.max_steps", "1e400"], "train.max_steps='1e400' is too large; expected an integer of magnitude at most "
+                                     "2**63 - 1 (9223372036854775807)"),
+    (["--train.max_steps=1e30"], "train.max_steps='1e30' is too large; expected an integer"),
+    (["--train.max-steps", "-1e30"], "train.max_steps='-1e30' is too large; expected an integer"),
+    (["--train.max_steps", "123456789012345678901234567890"], "train.max_steps='123456789012345678901234567890' is "
+                                                              "too large; expected an integer"),
+    (["--train.max_steps", "1.5e0"], "train.max_steps='1.5e0' must be an integer"),
+    (["--train.max_steps", "1.5"], "train.max_steps='1.5' must be an integer"),
+    (["--train.learning_rate", "1e400"], "train.learning_rate='1e400' is too large; expected a number of magnitude "
+                                         "at most 1.798e+308 (or inf)"),
+])
+def test_number_errors_name_the_value_as_typed(tmp_path, tokens, message):
+    from energyformer.runs.config import load_config
+
+    base = {"model": {"arch": "gpt", "vocab_size": 11, "block_size": 8, "d_model": 16, "n_layers": 1,
+                      "n_heads": 2}, "train": {"out_dir": str(tmp_path)}}
+    with pytest.raises(ValueError) as info:
+        load_config(base, tokens)
+    assert str(info.value).startswith(message), str(info.value)
+    assert "\n" not in str(info.value)
+    assert load_config(base, ["--train.max_steps", "9.2e18"]).train.max_steps == 9_200_000_000_000_000_000
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["sample", "run", "--max-new-tokens", "2.5e0"], "--max-new-tokens='2.5e0' must be an integer"),
+    (["sample", "run", "--top-k=1.5"], "--top-k='1.5' must be an integer or null"),
+    (["sample", "run", "--max_new_tokens", "1e30"], "--max_new_tokens='1e30' is too large; expected an integer"),
+    (["sample", "run", "--temperature", "1e999"], "--temperature='1e999' is too large; expected a number"),
+    (["prepare", "gp", "--n-train", "1e30"], "--n-train='1e30' is too large; expected an integer"),
+])
+def test_flag_errors_name_the_flag_and_the_value_as_typed(argv, message):
+    with pytest.raises(ValueError) as info:
+        parse_command_line(argv)
+    assert str(info.value).startswith(message), str(info.value)
