@@ -30,7 +30,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 #: public name -> the module that defines it (its one home)
 _EXPORTS: dict[str, str] = {

@@ -42,6 +42,22 @@ def wheel(tmp_path_factory) -> Path:
     return next(_build(tmp_path_factory.mktemp("wheel"), "--wheel").glob("*.whl"))
 
 
+def test_one_version_everywhere(capsys):
+    """pyproject.toml (the wheel's version), ``__version__`` (``--version``), the newest CHANGELOG
+    heading and the build commands of docs/install.md name one version."""
+    import re
+
+    import energyformer
+    from energyformer.cli import main
+
+    project = re.search(r'^version = "([^"]+)"$', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    changelog = re.search(r"^## (\S+) - ", (ROOT / "CHANGELOG.md").read_text(), re.M).group(1)
+    assert energyformer.__version__ == project == changelog == "0.3.0"
+    assert main(["--version"]) == 0 and capsys.readouterr().out.strip() == f"energyformer {project}"
+    install = (ROOT / "docs" / "install.md").read_text()
+    assert set(re.findall(r"energyformer-(\d[\w.]*?)(?:\.tar\.gz|-py3)", install)) == {project}
+
+
 def test_wheel_holds_every_module_recipe_and_the_entry_point(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "energyformer").rglob("*.py")}
@@ -53,6 +69,9 @@ def test_wheel_holds_every_module_recipe_and_the_entry_point(wheel):
     info = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "energyformer = energyformer.cli:main" in zipfile.ZipFile(wheel).read(info).decode()
     meta = email.message_from_bytes(zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("/METADATA"))))
+    import energyformer
+
+    assert meta["Version"] == energyformer.__version__  # the wheel's version is --version's
     requires = meta.get_all("Requires-Dist")
     assert "torch>=2.4" in requires
     assert {"hf", "eval", "data", "viz", "wandb", "dev"} <= set(meta.get_all("Provides-Extra"))
