@@ -78,7 +78,8 @@ def _command_parser(name: str, fn: Callable[..., Any]) -> ArgParser:
         sub.add_argument("overrides", nargs=REMAINDER, metavar="--section.key VALUE",
                          help="overrides of recipe values, e.g. --train.max_steps 100 --model.n_steps=6")
     if "run_dirs" in skip:
-        sub.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories of finished runs")
+        sub.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                         help="run directories (finished, or in progress: compared on their metrics so far)")
     return sub
 
 

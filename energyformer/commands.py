@@ -385,10 +385,13 @@ def info(recipe: str, overrides: Sequence[str] = ()) -> str:
 
 
 def compare(run_dirs: Sequence[str], out: str | None = None, plot: str | None = None, x: str = "tokens") -> str:
-    """One table (and loss curves) across finished runs; the options that differ between them are columns.
+    """One table (and loss curves) across runs; the options that differ between them are columns.
+
+    A run still training (or stopped) is compared on its metrics.jsonl so far, its name marked
+    "(step 40 of 100, in progress (pid N))".
 
     Args:
-        run_dirs: run directories (train.out_dir of finished runs).
+        run_dirs: run directories (train.out_dir of finished runs or of runs in progress).
         out: also write the table (.md) or the rows (.json) here.
         plot: save validation/training loss curves here (PNG; a folder gets curves.png, a name
             without a suffix gets .png, and .pdf/.svg pick those formats). Each written path is
@@ -399,7 +402,8 @@ def compare(run_dirs: Sequence[str], out: str | None = None, plot: str | None = 
         the Markdown table.
 
     Raises:
-        FileNotFoundError / ValueError: a run without a readable summary.json; ``x`` not tokens/steps.
+        FileNotFoundError / ValueError: a run with neither a readable summary.json nor metrics.jsonl
+            records; ``x`` not tokens/steps.
         ModuleNotFoundError: ``plot`` without matplotlib (``pip install 'energyformer[viz]'``).
     """
     from energyformer.eval.compare import X_AXES, compare_runs, format_markdown, plot_curves
@@ -453,6 +457,9 @@ def export(run_dir: str, to: str | None = None, as_: str = "energyformer", verbo
         force: overwrite an output folder that already holds files (refused without it, as
             ``import-hf`` refuses a folder that holds a run).
 
+    A run that has not finished is exported at its committed checkpoint with a warning line; its
+    model card says "step 100 of 1000, unfinished".
+
     Returns:
         the output folder.
 
@@ -462,7 +469,6 @@ def export(run_dir: str, to: str | None = None, as_: str = "energyformer", verbo
             that is not empty (without ``force``).
     """
     from energyformer.hf.export import export_run
-    from energyformer.runs.rundir import warn_if_training
     from energyformer.utils.device import configure_backends
 
     configure_backends()  # the export's checks run the model
@@ -471,8 +477,7 @@ def export(run_dir: str, to: str | None = None, as_: str = "energyformer", verbo
     if not force and out.is_dir() and any(out.iterdir()):
         raise ValueError(f"--to {str(out)!r} already holds files (an earlier export?); pass --force to "
                          "overwrite them or choose another --to")
-    warn_if_training(run_dir)
-    return export_run(run_dir, out, as_=as_, progress=verbose)
+    return export_run(run_dir, out, as_=as_, progress=verbose)  # (warns when the run has not finished)
 
 
 def import_hf(hf_dir: str, out: str | None = None, verbose: bool = False, force: bool = False) -> Path:

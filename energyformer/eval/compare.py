@@ -1,8 +1,11 @@
-"""Compare finished runs: one table (Markdown or JSON) and loss curves against tokens seen.
+"""Compare runs: one table (Markdown or JSON) and loss curves against tokens seen.
 
 Reads only what ``energyformer train`` writes into a run directory, through the readers of
 ``energyformer.runs``: ``summary.json`` (final numbers), ``config.yaml`` (the recipe) and
 ``metrics.jsonl`` (the curves), so it works on runs copied from another machine without the data.
+A run without ``summary.json`` (still training, or stopped) is compared on its ``metrics.jsonl``
+so far, its name marked ``(step 40 of 100, in progress (pid N))`` or ``(..., unfinished (no
+training running))``.
 
 The table gets one column per option whose value differs between the compared runs (flattened
 dotted keys such as ``model.n_steps``; run-time keys such as ``train.out_dir`` are left out), so
@@ -18,7 +21,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from energyformer.runs.rundir import CONFIG_FILE, read_metrics, read_run_config, read_summary
+from energyformer.runs.rundir import (
+    CONFIG_FILE,
+    SUMMARY_FILE,
+    progress_note,
+    read_metrics,
+    read_run_config,
+    read_summary,
+    run_progress,
+)
 
 COLUMNS = ("run", "arch", "params", "best_val_loss", "final_val_loss", "final_train_loss", "evals", "steps",
            "tokens", "minutes", "tokens_per_s")
@@ -82,29 +93,55 @@ def tokens_per_step(options: dict[str, Any], world_size: int | None = 1) -> int 
     return per_rank * (world_size or 1)
 
 
+def metrics_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What ``summary.json`` would say, from a run's ``metrics.jsonl`` records so far (a run in
+    progress): its last step and losses, the best validation loss, the last tokens/s; ``params``,
+    ``minutes`` and ``world_size`` are not logged there (None)."""
+    def last(key: str) -> Any:
+        return next((r[key] for r in reversed(records) if r.get(key) is not None), None)
+
+    vals = [r["val_loss"] for r in records if r.get("val_loss") is not None]
+    return {"steps": max((r["step"] for r in records if isinstance(r.get("step"), int)), default=None),
+            "best_val_loss": min(vals) if vals else None, "final_val_loss": last("val_loss"),
+            "final_train_loss": last("train_loss"), "tokens_per_s": last("tokens_per_s"),
+            "params": None, "minutes": None, "world_size": None}
+
+
 def run_row(run_dir: str | Path, options: dict[str, Any] | None = None) -> dict[str, Any]:
     """The comparison row of one run directory: :data:`COLUMNS` (``evals``: the validation
     evaluations in ``metrics.jsonl``; ``tokens``: tokens seen at the last step).
 
+    A run without ``summary.json`` whose ``metrics.jsonl`` holds records (in progress, or stopped)
+    gets its row from them (:func:`metrics_summary`) and its name marked with where it stands
+    (``energyformer.runs.rundir.progress_note``: the step of max_steps, the training's pid).
+
     Raises:
-        FileNotFoundError: ``run_dir`` has no ``summary.json`` (the run has not finished).
+        FileNotFoundError: ``run_dir`` has neither ``summary.json`` nor ``metrics.jsonl`` records.
         ValueError: ``summary.json`` is not valid JSON, or ``config.yaml`` does not load.
     """
     run_dir = Path(run_dir)
-    summary = read_summary(run_dir)
+    records = read_metrics(run_dir)
+    finished = (run_dir / SUMMARY_FILE).is_file() or not records
+    summary = read_summary(run_dir) if finished else metrics_summary(records)
     options = run_options(run_dir) if options is None else options
     per_step = tokens_per_step(options, summary.get("world_size"))
     steps = summary.get("steps")
-    row = {"run": run_dir.name, "arch": options.get("model.arch"),
-           "evals": sum(1 for r in read_metrics(run_dir) if r.get("val_loss") is not None),
+    name = run_dir.name
+    if not finished:
+        progress = run_progress(run_dir) if (run_dir / CONFIG_FILE).is_file() else \
+            {"step": steps, "max_steps": None, "finished": False, "pid": None}
+        name += f" ({progress_note(progress, steps)})"
+    row = {"run": name, "arch": options.get("model.arch"),
+           "evals": sum(1 for r in records if r.get("val_loss") is not None),
            "tokens": None if per_step is None or steps is None else steps * per_step}
     row.update({k: summary.get(k) for k in COLUMNS if k not in row})
     return {k: row[k] for k in COLUMNS}
 
 
 def compare_runs(run_dirs: Sequence[str | Path]) -> list[dict[str, Any]]:
-    """Rows for ``run_dirs`` in the given order (see :func:`run_row`), each followed by the
-    options that differ between the runs (:func:`differing_options`; None where a run lacks one).
+    """Rows for ``run_dirs`` in the given order (see :func:`run_row`; a run in progress is compared
+    on its metrics so far), each followed by the options that differ between the runs
+    (:func:`differing_options`; None where a run lacks one).
 
     Raises:
         ValueError: no run directory, or see :func:`run_row`.

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,16 @@ from energyformer.models.registry import build_model
 from energyformer.runs.checkpoint import find_checkpoint
 from energyformer.runs.config import DataConfig, RunConfig
 from energyformer.runs.layout import CHECKPOINTS_DIR, METRICS_FILE, STATE_FILE, SUMMARY_FILE
-from energyformer.runs.rundir import CONFIG_FILE, MARKER_FILE, META_FILE, WEIGHTS_FILE, load_run, write_run_files
+from energyformer.runs.rundir import (
+    CONFIG_FILE,
+    MARKER_FILE,
+    META_FILE,
+    WEIGHTS_FILE,
+    load_run,
+    progress_note,
+    run_progress,
+    write_run_files,
+)
 from energyformer.runs.weights import save_weights
 from energyformer.utils.io import atomic_write_json
 
@@ -129,6 +139,10 @@ def export_run(run_dir: str | Path, to: str | Path, as_: str = "energyformer", p
             preconditioner) or ``"gpt2"`` (stock GPT-2: our GPT without an LM-head bias).
         progress: show transformers' progress bars while writing (see :func:`progress_bars`).
 
+    A run that has not finished (no ``summary.json``: still training, or stopped before
+    ``max_steps``) is exported at its committed checkpoint with a one-line warning, and its model
+    card says "step 100 of 1000, unfinished".
+
     Raises:
         ValueError: ``as_`` unknown, an incomplete run, a model the format cannot represent
             (the option is named), a tokenizer that cannot be exported, a bad ``to``.
@@ -139,6 +153,11 @@ def export_run(run_dir: str | Path, to: str | Path, as_: str = "energyformer", p
     run_dir, to = check_complete_run(run_dir), Path(to)
     _check_target(to)
     model, run_cfg, meta = load_run(run_dir)
+    stage = run_progress(run_dir, run_cfg)  # (``progress`` is the progress-bar flag)
+    if not stage["finished"]:
+        warnings.warn(f"exporting an unfinished run: {str(run_dir)!r} at {progress_note(stage)}"
+                      + ("; later checkpoints will differ" if stage["pid"] is not None else "")
+                      + "; the model card says so", UserWarning, stacklevel=2)
     c = model.config
     # a stock model embeds every id it is given, so the <pad> past its vocabulary cannot be used, and a
     # real token as pad would be a special token that decode(skip_special_tokens=True) deletes: none
@@ -166,7 +185,8 @@ def export_run(run_dir: str | Path, to: str | Path, as_: str = "energyformer", p
         tokenizer.save_pretrained(to)
     if remote_code:
         write_remote_code(c.arch, to)
-    write_model_card(to, run_dir, model, run_cfg, meta, find_checkpoint(run_dir) or {}, as_, remote_code)
+    write_model_card(to, run_dir, model, run_cfg, meta, find_checkpoint(run_dir) or {}, as_, remote_code,
+                     progress=stage)
     return to
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from energyformer.runs.rundir import read_metrics
+from energyformer.runs.rundir import progress_note, read_metrics
 
 LOAD_LINES = {
     "energyformer": ("from transformers import AutoModelForCausalLM, AutoTokenizer\n"
@@ -35,8 +35,10 @@ def _losses(run_dir: Path) -> dict[str, Any]:
 
 
 def model_card(run_dir: Path, model: Any, run_cfg: Any, meta: dict[str, Any], marker: dict[str, Any],
-               as_: str, remote_code: bool) -> str:
-    """The Markdown text of the card of ``run_dir`` exported ``as_`` (``"energyformer"``, ``"llama"``, ``"gpt2"``)."""
+               as_: str, remote_code: bool, progress: dict[str, Any] | None = None) -> str:
+    """The Markdown text of the card of ``run_dir`` exported ``as_`` (``"energyformer"``, ``"llama"``, ``"gpt2"``);
+    ``progress`` (``energyformer.runs.rundir.run_progress``) says the step of ``max_steps`` and
+    whether the run was unfinished."""
     c = model.config
     n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     data = run_cfg.data
@@ -44,8 +46,8 @@ def model_card(run_dir: Path, model: Any, run_cfg: Any, meta: dict[str, Any], ma
     losses = _losses(run_dir)
     lines = ["---", "library_name: transformers", "tags: [energyformer, " + c.arch + "]", "---", "",
              f"# {run_dir.name} ({c.arch})", "",
-             f"Exported by `energyformer export` from the run `{run_dir.name}` at step {marker.get('step')} "
-             f"as `{as_}`.", ""]
+             f"Exported by `energyformer export` from the run `{run_dir.name}` at "
+             f"{progress_note(progress) if progress else 'step ' + str(marker.get('step'))} as `{as_}`.", ""]
     if as_ == "energyformer":
         lines.append("The model code travels in this folder (`configuration_energyformer.py`, "
                      "`modeling_energyformer.py`, `energyformer_*.py`): load it with `trust_remote_code=True`; "

@@ -89,9 +89,9 @@ def lock_run_dir(run_dir: str | Path) -> Iterator[Path]:
         os.close(fd)  # releases the lock
 
 
-def warn_if_training(run_dir: str | Path) -> int | None:
-    """Warn (one line) when a training holds ``run_dir``'s lock: the committed checkpoint is not
-    the run's last; returns its step then (else ``None``). Never creates or locks anything."""
+def training_pid(run_dir: str | Path) -> int | None:
+    """The pid of the training that holds ``run_dir``'s lock (a run in progress; 0 when the lock
+    file names none), else ``None``. Never creates or locks anything."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - Windows: nothing is locked
@@ -104,13 +104,54 @@ def warn_if_training(run_dir: str | Path) -> int | None:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         return None
     except BlockingIOError:
-        step = (find_checkpoint(run_dir) or {}).get("step")
-        if step is not None:
-            warnings.warn(f"using step {step} of a run still training ({str(run_dir)!r}); later "
-                          "checkpoints will differ", UserWarning, stacklevel=2)
-        return step
+        holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+        return int(holder) if holder.isdigit() else 0
     finally:
         os.close(fd)
+
+
+def warn_if_training(run_dir: str | Path) -> int | None:
+    """Warn (one line) when a training holds ``run_dir``'s lock: the committed checkpoint is not
+    the run's last; returns its step then (else ``None``). Never creates or locks anything."""
+    if training_pid(run_dir) is None:
+        return None
+    step = (find_checkpoint(run_dir) or {}).get("step")
+    if step is not None:
+        warnings.warn(f"using step {step} of a run still training ({str(run_dir)!r}); later "
+                      "checkpoints will differ", UserWarning, stacklevel=2)
+    return step
+
+
+def run_progress(run_dir: str | Path, run_cfg: RunConfig | None = None) -> dict[str, Any]:
+    """Where a run stands, from its files: ``{"step", "max_steps", "finished", "pid"}``.
+
+    ``step`` is the committed checkpoint's (``None`` without one), ``max_steps`` the config's
+    ``train.max_steps`` (``None`` for an imported model, which was not trained here), ``pid`` the
+    training that holds the lock (:func:`training_pid`; ``None`` when none runs), ``finished``
+    whether ``summary.json`` is written and no training holds the lock (or the model was imported).
+
+    Raises:
+        FileNotFoundError / ValueError: no readable ``config.yaml`` (when ``run_cfg`` is not given).
+    """
+    run_dir = Path(run_dir)
+    marker = find_checkpoint(run_dir) or {}
+    imported = "imported_from" in marker
+    run_cfg = read_run_config(run_dir) if run_cfg is None else run_cfg
+    pid = training_pid(run_dir)
+    return {"step": marker.get("step"), "max_steps": None if imported else run_cfg.train.max_steps,
+            "finished": imported or ((run_dir / SUMMARY_FILE).is_file() and pid is None), "pid": pid}
+
+
+def progress_note(progress: dict[str, Any], step: int | None = None) -> str:
+    """``"step 40 of 100"`` (``step``: default the committed one), with ``", in progress (pid N)"`` or
+    ``", unfinished (no training running)"`` unless the run finished: for tables and warnings."""
+    step = progress["step"] if step is None else step
+    text = f"step {step}" + (f" of {progress['max_steps']}" if progress["max_steps"] is not None else "")
+    if progress["finished"]:
+        return text
+    if progress["pid"] is not None:
+        return text + (f", in progress (pid {progress['pid']})" if progress["pid"] else ", in progress")
+    return text + ", unfinished (no training running)"
 
 
 def write_run_files(run_dir: str | Path, run_cfg: RunConfig, meta: dict[str, Any], write_meta: bool = True) -> None:

@@ -425,7 +425,9 @@ def test_sample_and_export_of_a_run_still_training_name_the_step(trained, tmp_pa
         err = capsys.readouterr().err
         assert err.count(f"warning: using step {step} of a run still training") == 1, err
         assert main(["export", str(trained), "--to", str(tmp_path / "hf")]) == 0
-        assert f"warning: using step {step} of a run still training" in capsys.readouterr().err
+        err = capsys.readouterr().err.splitlines()
+        assert err == [f"warning: exporting an unfinished run: {str(trained)!r} at step {step} of 20, in progress "
+                       f"(pid {os.getpid()}); later checkpoints will differ; the model card says so"], err
 
 
 def _refused_unless_force(argv, option, out, written, capsys):

@@ -144,3 +144,27 @@ def test_compare_plot_into_a_folder_or_without_suffix(tmp_path, capsys):
     assert main(["compare", str(a), "--plot", str(tmp_path / "c.txt"), "--x", "steps"]) == 2
     assert "--plot '" in (err := capsys.readouterr().err) and "'.txt' is not an image format" in err
     assert not (tmp_path / "c.txt").exists()
+
+
+def test_a_run_in_progress_is_compared_on_its_metrics_and_marked(tmp_path, capsys):
+    import os
+
+    from energyformer.runs.rundir import lock_run_dir
+
+    done = _run(tmp_path, "done")
+    going = _run(tmp_path, "going", val=((10, 2.5),))  # 10 of its 20 steps logged
+    (going / "summary.json").unlink()  # a training removes it when it starts and writes it at the end
+    row = compare_runs([done, going])[1]
+    assert row["run"] == "going (step 10 of 20, unfinished (no training running))"
+    assert (row["steps"], row["final_val_loss"], row["best_val_loss"], row["evals"]) == (10, 2.5, 2.5, 1)
+    assert row["final_train_loss"] == pytest.approx(2.9) and row["tokens"] == 10 * 4 * 16
+    assert row["params"] is None and row["minutes"] is None  # only summary.json has them
+    with lock_run_dir(going):  # what a training holds
+        assert compare_runs([going])[0]["run"] == f"going (step 10 of 20, in progress (pid {os.getpid()}))"
+        assert main(["compare", str(done), str(going), "--plot", str(tmp_path / "c.png")]) == 0
+    out = capsys.readouterr().out
+    assert f"| going (step 10 of 20, in progress (pid {os.getpid()})) |" in out and "| done |" in out
+    (going / "metrics.jsonl").unlink()  # nothing to compare: the summary.json error
+    with pytest.raises(FileNotFoundError, match=r"summary\.json not found"):
+        compare_runs([going])
+

@@ -421,3 +421,19 @@ def test_export_writes_a_model_card_with_config_data_params_losses(tmp_path):
     assert f"parameters: {n:,}" in card and "tokenizer `char` (73 ids)" in card
     assert "train loss: 2.2500 (step 20)" in card and "val loss: 2.3750 (step 20)" in card
     assert "arch: nrgpt" in card and "n_steps: 2" in card and "trust_remote_code=True" in card
+
+
+def test_export_of_an_unfinished_run_warns_and_its_card_says_step_of_max_steps(tmp_path, recwarn):
+    run = make_run(tmp_path / "run", {"arch": "gpt"})  # a committed checkpoint of step 1, no summary.json
+    max_steps = load_run(run)[1].train.max_steps
+    with pytest.warns(UserWarning, match=rf"^exporting an unfinished run: '.*run' at step 1 of {max_steps}, "
+                                         r"unfinished \(no training running\); the model card says so$"):
+        out = export_run(run, tmp_path / "hf")
+    assert f"at step 1 of {max_steps}, unfinished (no training running) as `energyformer`." in \
+        (out / "README.md").read_text()
+    (run / "summary.json").write_text("{}")  # finished
+    recwarn.clear()
+    out = export_run(run, tmp_path / "hf2")
+    assert not [w for w in recwarn if "unfinished" in str(w.message)]
+    assert f"at step 1 of {max_steps} as `energyformer`." in (out / "README.md").read_text()
+
