@@ -262,11 +262,16 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
         the texts, ``num_samples`` per prompt, each starting with its prompt (None with
         ``interactive``, which prints as it goes).
 
+    A prompt longer than the model's ``block_size`` is kept whole in the text, and its last
+    ``block_size`` tokens are the context (as ``model.generate`` and an export's ``generate`` do),
+    with a one-line warning on stderr.
+
     Raises:
         FileNotFoundError / ValueError: missing or corrupt run files (see ``load_run``), a prompt
             with characters outside the run's vocabulary, an empty prompt, invalid sampling options.
     """
     import inspect
+    import warnings
 
     import torch
 
@@ -309,6 +314,11 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
 
     def run(prompts: list[str]) -> list[str]:
         rows = [encode(p) for p in prompts for _ in range(num_samples)]
+        block, longest = model.config.block_size, max(len(r) for r in rows)
+        if longest > block:  # generate keeps the last block_size tokens as the context (docs/models.md)
+            warnings.warn(f"the prompt has {longest} tokens, more than the model's block_size={block}: only its "
+                          f"last {block} tokens are the context (the text keeps the whole prompt)", UserWarning,
+                          stacklevel=2)
         out = model.generate(
             rows, max_new_tokens, temperature=temperature, top_k=top_k or None, top_p=top_p, min_p=min_p,
             repetition_penalty=repetition_penalty, generator=generator, use_cache=use_cache,

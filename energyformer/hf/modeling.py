@@ -18,7 +18,8 @@ What the wrapper adds to the plain model:
   greedy decoding equals ``model.generate(..., temperature=0)`` of the energyformer model.
   A padded batch (an ``attention_mask`` with zeros) and ``use_cache=False`` recompute the last
   ``block_size`` tokens each step instead (our models have no padding mask). A prompt longer
-  than ``block_size`` is refused.
+  than ``block_size`` is kept whole in the output and its last ``block_size`` tokens are the
+  context (with a ``UserWarning``), as in ``energyformer sample`` and our ``generate``.
 - the tied LM head is declared (``_tied_weights_keys``), so ``model.safetensors`` stores it once.
 """
 from __future__ import annotations
@@ -182,16 +183,22 @@ class EnergyformerForCausalLM(EnergyformerPreTrainedModel, GenerationMixin):
         pass through to every forward. Beam search (``num_beams > 1``) recomputes the last ``block_size`` tokens
         each step (``use_cache=False``): our KV cache cannot be reordered across beams.
 
-        Raises:
-            ValueError: a prompt longer than ``block_size`` (the message names both lengths).
+        A prompt longer than ``block_size`` is kept whole in the output, and its last
+        ``block_size`` tokens are the context (``prepare_inputs_for_generation`` crops each
+        step's input), with a ``UserWarning`` naming both lengths: what ``energyformer sample``
+        and our own ``generate`` do.
         """
+        import warnings
+
         ids = inputs if inputs is not None else kwargs.get("input_ids")
         if isinstance(ids, torch.Tensor) and ids.dim() == 2:
             mask = kwargs.get("attention_mask")
-            n = int(mask.sum(dim=1).max()) if isinstance(mask, torch.Tensor) else ids.shape[1]
-            if n > self.config.max_position_embeddings:
-                raise ValueError(f"prompt of {n} tokens is longer than the model's context "
-                                 f"block_size={self.config.max_position_embeddings}; shorten it")
+            n, block = (int(mask.sum(dim=1).max()) if isinstance(mask, torch.Tensor) else ids.shape[1],
+                        self.config.max_position_embeddings)
+            if n > block:
+                warnings.warn(f"the prompt has {n} tokens, more than the model's block_size={block}: only its "
+                              f"last {block} tokens are the context (the output keeps the whole prompt)",
+                              UserWarning, stacklevel=2)
         config = kwargs.get("generation_config") or self.generation_config
         if (kwargs.get("num_beams") or getattr(config, "num_beams", 1) or 1) > 1:
             kwargs["use_cache"] = False  # beams reorder the cache; ours cannot be reordered: recompute

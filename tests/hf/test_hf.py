@@ -131,11 +131,28 @@ def test_sampling_options(tmp_path):
     assert len(set(rep)) == len(set(rep[:7])) + 8
 
 
-def test_generate_refuses_a_prompt_longer_than_the_context(tmp_path):
-    _, out = _export(tmp_path, {"arch": "gpt"})
-    model = AutoModelForCausalLM.from_pretrained(out)
-    with pytest.raises(ValueError, match=r"prompt of 40 tokens .* block_size=32"):
-        model.generate(torch.zeros(1, 40, dtype=torch.long), max_new_tokens=2)
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_a_prompt_longer_than_the_context_keeps_its_last_block_size_tokens_everywhere(tmp_path, capsys, use_cache):
+    """One behaviour (docs/models.md): the export's generate, our generate and `energyformer sample`
+    keep the whole prompt in the output and continue from its last block_size tokens; the export
+    and sample say so in one warning."""
+    run, out = _export(tmp_path, {"arch": "gpt"})
+    tok, model, ours = AutoTokenizer.from_pretrained(out), AutoModelForCausalLM.from_pretrained(out), _ours(run)
+    text = ("the cat sat on a mat. " * 3)[:40]  # 40 tokens, block_size 32
+    x = torch.tensor([tok(text)["input_ids"]])
+    with pytest.warns(UserWarning, match=r"^the prompt has 40 tokens, more than the model's block_size=32: only "
+                                         r"its last 32 tokens are the context"):
+        hf_out = model.generate(x, max_new_tokens=6, do_sample=False, use_cache=use_cache)
+    ref = ours.generate(x, 6, temperature=0, use_cache=use_cache)
+    assert torch.equal(hf_out, ref) and torch.equal(hf_out[:, :40], x)
+    assert torch.equal(ours.generate(x[:, -32:], 6, temperature=0, use_cache=use_cache)[:, 32:], ref[:, 40:])
+    capsys.readouterr()
+    assert main(["sample", str(run), "--prompt", text, "--max-new-tokens", "6", "--temperature", "0",
+                 "--use-cache", str(use_cache).lower()]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == tok.decode(ref[0].tolist()) + "\n"
+    assert captured.err.splitlines() == ["warning: the prompt has 40 tokens, more than the model's block_size=32: "
+                                         "only its last 32 tokens are the context (the text keeps the whole prompt)"]
 
 
 def test_model_kwargs_pass_through_and_are_checked(tmp_path):
