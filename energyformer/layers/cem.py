@@ -24,6 +24,12 @@ preconditioner ``η ≡ 1`` (a buffer) and ``P`` carries the scale: ``P = (1/T)�
 (``= I`` for ``T = 1``), so the preconditioned sub-block starts exactly as the plain one.
 ``per_step_scale=True`` adds learnable per-step factors ``c_t`` (init 1): ``η_t = η·c_t``. All
 parameters are shared over the ``T`` steps.
+
+At call time ``n_steps=K`` runs ``K`` steps instead of ``T`` (the same η; with per-step factors
+at most ``T``), and ``backprop_steps=k`` (training) runs the first ``K − k`` steps of the
+sub-block under ``torch.no_grad()`` and keeps a graph for its last ``k`` only
+(:mod:`energyformer.layers.truncation`): the state entering step ``K − k`` is detached, while the
+context (keys/values, the MLP gate) computed from the sub-block input keeps its graph.
 """
 from __future__ import annotations
 
@@ -39,6 +45,7 @@ from energyformer.layers.cem_options import INTERACTIONS, MLP_TIES, ROPE_CHOICES
 from energyformer.layers.norms import RMSNorm
 from energyformer.layers.step_maps import STEP_MAPS, make_step_map
 from energyformer.layers.trace import Traceable
+from energyformer.layers.truncation import first_graph_step, step_grad_mode
 
 NORM_CHOICES = ("rmsnorm", None)
 
@@ -113,10 +120,18 @@ class _CEMSubBlock(Traceable, nn.Module):
             grad = self.preconditioner(grad)
         return torch.addcmul(x, self.step_size_at(t).to(x.dtype), grad, value=-1.0)  # x − η_t·grad, one kernel
 
-    def _run(self, x: torch.Tensor, cache=None, layer_idx: int = 0, offset: int = 0) -> torch.Tensor:
+    def _run(self, x: torch.Tensor, cache=None, layer_idx: int = 0, offset: int = 0, n_steps: int | None = None,
+             backprop_steps: int | None = None) -> torch.Tensor:
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"{self.trace_sub} expects x of shape (B, N, d_model={self.d_model}); "
                              f"got {tuple(x.shape)}")
+        T = self.n_steps if n_steps is None else check_int("n_steps", n_steps, 1)
+        if self.step_scales is not None and T > self.step_scales.numel():
+            raise ValueError(f"n_steps={T} exceeds the {self.step_scales.numel()} per-step factors of this "
+                             "sub-block (per_step_scale: one factor per trained step)")
+        first_graph = first_graph_step(T, backprop_steps)
+        if cache is not None and backprop_steps is not None:
+            raise ValueError(f"backprop_steps={backprop_steps} is for training; call without a cache")
         sink = self._trace
         if sink is not None and cache is not None:
             raise ValueError("tracing records whole sequences; call the model without a cache "
@@ -126,18 +141,27 @@ class _CEMSubBlock(Traceable, nn.Module):
         g = h_hat
         if self.checkpoint_steps and sink is None and self.training and torch.is_grad_enabled():
             # per-step activation checkpointing: keep x and g per step, recompute the rest in backward
-            for t in range(self.n_steps):
+            for t in range(T):
+                if t < first_graph:
+                    with torch.no_grad():
+                        x, g = self._step(x, g, h_hat, ctx, t)
+                    continue
+                if t == first_graph > 0:
+                    g = self._normalize(x)  # the state is detached, its norm is this step's (with a graph)
                 x, g = checkpoint(self._step, x, g, h_hat, ctx, t, use_reentrant=False)
             return x
-        for t in range(self.n_steps):
-            grad = self._grad(g, h_hat, ctx)
-            if sink is not None:
-                sink.record(t, x, {self.trace_sub: self._energy_or_none(g, h_hat)}, grad)
-            x = self._descend(x, grad, t)
-            if t + 1 < self.n_steps or sink is not None:
-                g = self._normalize(x)
+        for t in range(T):
+            if t == first_graph > 0:
+                g = self._normalize(x)  # the state is detached, its norm is this step's (with a graph)
+            with step_grad_mode(t, first_graph):  # the steps before the last backprop_steps: no graph
+                grad = self._grad(g, h_hat, ctx)
+                if sink is not None:
+                    sink.record(t, x, {self.trace_sub: self._energy_or_none(g, h_hat)}, grad)
+                x = self._descend(x, grad, t)
+                if t + 1 < T or sink is not None:
+                    g = self._normalize(x)
         if sink is not None:
-            sink.record(self.n_steps, x, {self.trace_sub: self._energy_or_none(g, h_hat)})
+            sink.record(T, x, {self.trace_sub: self._energy_or_none(g, h_hat)})
         return x
 
     def _step(self, x: torch.Tensor, g: torch.Tensor, h_hat: torch.Tensor, ctx, t: int):
@@ -242,18 +266,23 @@ class CEMAttention(_CEMSubBlock):
     def _option_groups(self) -> dict[str, list[nn.Parameter]]:
         return self.interaction.param_groups()
 
-    def forward(self, x: torch.Tensor, cache=None, layer_idx: int = 0, offset: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache=None, layer_idx: int = 0, offset: int = 0, *,
+                n_steps: int | None = None, backprop_steps: int | None = None) -> torch.Tensor:
         """``x`` (B, N, d) -> ``x^T`` (B, N, d). Under :func:`~energyformer.layers.trace.tracing`
         it records every state ``t = 0 … T`` with its energy (term ``"attn"``; none for rope="llama").
+
+        ``n_steps`` (default the layer's ``T``) and ``backprop_steps`` (training: a graph for the
+        last ``k`` steps only): see the module docstring.
 
         With ``cache`` (docs/architecture.md §5) ``x`` holds the new tokens at positions
         ``offset … offset+N−1``: their keys/values (computed once from ``ĥ``, as without a cache)
         go to slot ``layer_idx`` and all ``T`` steps attend to every cached position.
 
         Raises:
-            ValueError: ``x`` not (B, N, d_model); a cache while tracing.
+            ValueError: ``x`` not (B, N, d_model); a cache while tracing; ``n_steps < 1`` or more steps
+                than per-step factors; ``backprop_steps < 1`` or with a cache.
         """
-        return self._run(x, cache, layer_idx, offset)
+        return self._run(x, cache, layer_idx, offset, n_steps, backprop_steps)
 
     def extra_repr(self) -> str:
         return (f"n_steps={self.n_steps}, interaction={self.interaction.name!r}, "
@@ -307,13 +336,16 @@ class CEMGatedMLP(_CEMSubBlock):
     def _option_groups(self) -> dict[str, list[nn.Parameter]]:
         return {"projections": [self.gate_proj.weight, self.up_proj.weight]}
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` (B, N, d) -> ``x^T`` (B, N, d); traced as :meth:`CEMAttention.forward` (term ``"mlp"``).
+    def forward(self, x: torch.Tensor, *, n_steps: int | None = None, backprop_steps: int | None = None
+                ) -> torch.Tensor:
+        """``x`` (B, N, d) -> ``x^T`` (B, N, d); traced as :meth:`CEMAttention.forward` (term ``"mlp"``);
+        ``n_steps`` and ``backprop_steps`` as there.
 
         Raises:
-            ValueError: ``x`` not (B, N, d_model).
+            ValueError: ``x`` not (B, N, d_model); ``n_steps`` or ``backprop_steps`` as in
+                :meth:`CEMAttention.forward`.
         """
-        return self._run(x)
+        return self._run(x, n_steps=n_steps, backprop_steps=backprop_steps)
 
     def extra_repr(self) -> str:
         return f"d_ff={self.d_ff}, n_steps={self.n_steps}, mlp_tie={self.mlp_tie!r}"
@@ -348,12 +380,17 @@ class CEMBlock(nn.Module):
                                  rope=rope, rope_theta=rope_theta, **shared)
         self.mlp = CEMGatedMLP(d_model, d_ff, mlp_n_steps, mlp_step_size, mlp_tie=mlp_tie, **shared)
 
-    def forward(self, x: torch.Tensor, cache=None, layer_idx: int = 0, offset: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache=None, layer_idx: int = 0, offset: int = 0, *,
+                n_steps: int | None = None, backprop_steps: int | None = None) -> torch.Tensor:
         """``x`` (B, N, d) -> (B, N, d): the attention sub-block's steps, then the MLP's.
 
         ``cache``/``layer_idx``/``offset`` go to the attention sub-block (docs/architecture.md §5);
-        the MLP sub-block is per token and needs no cache.
+        the MLP sub-block is per token and needs no cache. ``n_steps`` (the recursion ``T`` of both
+        sub-blocks for this call; default each one's own) and ``backprop_steps`` (training: a graph
+        for the last ``k`` steps of each sub-block only) go to both sub-blocks.
         """
+        steps = {} if n_steps is None and backprop_steps is None else \
+            {"n_steps": n_steps, "backprop_steps": backprop_steps}
         if cache is None:
-            return self.mlp(self.attn(x))
-        return self.mlp(self.attn(x, cache, layer_idx, offset))
+            return self.mlp(self.attn(x, **steps), **steps)
+        return self.mlp(self.attn(x, cache, layer_idx, offset, **steps), **steps)

@@ -6,8 +6,9 @@ docs/nrgpt.md §4 and §6::
 
 :class:`NRGPTRecurrent` maps a residual stream ``(B, N, d)`` to the residual stream after the
 ``T`` descent steps (not a branch output to add: the steps already include the input). It owns
-the recurrence's extras: ``n_steps`` at call time (more or fewer steps than trained), per-token
-early stopping (``stop_tol``), optional per-step scales κ_t, energy tracing
+the recurrence's extras: ``n_steps`` at call time (more or fewer steps than trained), truncated
+back-propagation through the last ``backprop_steps`` steps (:mod:`energyformer.layers.truncation`),
+per-token early stopping (``stop_tol``), optional per-step scales κ_t, energy tracing
 (:mod:`energyformer.layers.trace`) and cached decoding (docs/architecture.md §5). The NRGPT
 language model (:class:`energyformer.models.nrgpt.NRGPT`) is this layer with token and position
 embeddings and an LM head::
@@ -26,6 +27,7 @@ import torch.nn as nn
 from energyformer._validate import check_float, check_int
 from energyformer.layers.kv_cache import cache_length
 from energyformer.layers.nrgpt import NRGPTBlock
+from energyformer.layers.truncation import first_graph_step, step_grad_mode
 
 __all__ = ["NRGPTRecurrent"]
 
@@ -75,12 +77,12 @@ class NRGPTRecurrent(nn.Module):
         return self.step_scales[min(t, self.step_scales.numel() - 1)]
 
     def forward(self, x: torch.Tensor, *, n_steps: int | None = None, stop_tol: float | None = None,
-                cache: Any = None) -> torch.Tensor:
+                cache: Any = None, backprop_steps: int | None = None) -> torch.Tensor:
         """The states after the descent: :meth:`descend`."""
-        return self.descend(x, n_steps=n_steps, stop_tol=stop_tol, cache=cache)
+        return self.descend(x, n_steps=n_steps, stop_tol=stop_tol, cache=cache, backprop_steps=backprop_steps)
 
     def descend(self, x: torch.Tensor, *, n_steps: int | None = None, stop_tol: float | None = None,
-                cache: Any = None) -> torch.Tensor:
+                cache: Any = None, backprop_steps: int | None = None) -> torch.Tensor:
         """Run the recurrent energy descent from ``x⁰ = x``.
 
         Args:
@@ -99,6 +101,9 @@ class NRGPTRecurrent(nn.Module):
                 the energies). The cached result equals the uncached one on the whole sequence,
                 ``stop_tol`` included. A cache must be filled and reused with one ``n_steps`` and
                 one ``stop_tol`` (a ``KVCache`` checks this). Not with tracing.
+            backprop_steps: truncated back-propagation (training): the first ``T − k`` steps run
+                under ``torch.no_grad()`` and only the last ``k`` keep a graph; ``None`` or
+                ``k ≥ T``: every step (:mod:`energyformer.layers.truncation`). Not with a cache.
 
         Returns:
             the residual stream after the descent ``xᵀ`` ``(B, N, d)`` (``x`` plus every step, not a
@@ -108,13 +113,16 @@ class NRGPTRecurrent(nn.Module):
             ``(B, N)``: the number of updates each token got.
 
         Raises:
-            ValueError: ``n_steps < 1``, ``stop_tol < 0``, a cache filled with another
-                ``n_steps``/``stop_tol``, a cache while tracing.
+            ValueError: ``n_steps < 1``, ``stop_tol < 0``, ``backprop_steps < 1`` or given with a
+                cache, a cache filled with another ``n_steps``/``stop_tol``, a cache while tracing.
         """
         T = self.n_steps if n_steps is None else check_int("n_steps", n_steps, 1)
         if stop_tol is not None:
             stop_tol = check_float("stop_tol", stop_tol, 0.0)
+        first_graph = first_graph_step(T, backprop_steps)
         if cache is not None:
+            if backprop_steps is not None:
+                raise ValueError(f"backprop_steps={backprop_steps} is for training; call without a cache")
             return self._descend_cached(x, cache, T, stop_tol)
         sink = self.block._trace
         track = sink is not None or stop_tol is not None
@@ -128,9 +136,11 @@ class NRGPTRecurrent(nn.Module):
             if sink is not None:
                 with torch.no_grad():
                     sink.record(t, x, e_prev, self.block.force(x))
-            x_new = self.block(x, self.step_scale(t))
+            with step_grad_mode(t, first_graph):  # the steps before the last backprop_steps: no graph
+                x_new = self.block(x, self.step_scale(t))
+                if stop_tol is not None:
+                    x_new = torch.where(active.unsqueeze(-1), x_new, x)
             if stop_tol is not None:
-                x_new = torch.where(active.unsqueeze(-1), x_new, x)
                 steps += active.long()
             x, ran = x_new, t + 1
             if track:

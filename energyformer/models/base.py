@@ -247,11 +247,16 @@ class LlamaStyleLM(CausalLM):
         Raises:
             ValueError: bad ids, shape or length (``check_input``).
         """
+        return self.run_layers(idx, targets, cache)
+
+    def run_layers(self, idx: torch.Tensor, targets: torch.Tensor | None, cache, **layer_kwargs: Any):
+        """The body of :meth:`forward`: embed, every layer (called with ``layer_kwargs`` too, e.g.
+        CEM's ``n_steps``), the final norm and head, the loss."""
         offset = cache_length(cache)
         self.check_input(idx, targets, offset)
         x = getattr(self, self.embed_name)(idx)
         for i, layer in enumerate(getattr(self, self.layers_name)):
-            x = layer(x) if cache is None else layer(x, cache, i, offset)
+            x = layer(x, **layer_kwargs) if cache is None else layer(x, cache, i, offset, **layer_kwargs)
         logits = self.lm_head(self.norm(x))
         return logits, self.lm_loss(logits, targets)
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+import torch
+
 from energyformer._validate import check_float, check_int
 from energyformer.layers.cem import CEMBlock
 from energyformer.layers.cem_options import INTERACTIONS, MLP_TIES
@@ -96,6 +98,25 @@ class CEMLlama(LlamaStyleLM):
 
     def make_layer(self, c: CEMConfig) -> CEMBlock:
         return cem_block(c)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, n_steps: int | None = None,
+                backprop_steps: int | None = None, cache=None):
+        """``idx (B, N)`` int64 → ``(logits (B, N, V), loss or None)``.
+
+        ``n_steps=K`` runs ``K`` descent steps in both sub-blocks of every layer for this call
+        (default each sub-block's configured ``T``; with ``per_step_scale`` at most ``T``);
+        ``backprop_steps=k`` (training) keeps a graph for the last ``k`` steps of each sub-block
+        only, the earlier ones run under ``torch.no_grad()`` (docs/models.md, randomized depth).
+        ``cache``: as in :meth:`LlamaStyleLM.forward <energyformer.models.base.LlamaStyleLM.forward>`
+        (the keys/values are computed once per sub-block, so any ``n_steps`` decodes with one cache).
+
+        Raises:
+            ValueError: bad ids, shape or length; ``n_steps < 1`` (or above the per-step factors);
+                ``backprop_steps < 1`` or with a cache.
+        """
+        steps = {} if n_steps is None and backprop_steps is None else \
+            {"n_steps": n_steps, "backprop_steps": backprop_steps}
+        return self.run_layers(idx, targets, cache, **steps)
 
 
 def cem_block(c: CEMConfig) -> CEMBlock:

@@ -170,16 +170,19 @@ class NRGPT(NRGPTRecurrent, LearnedPositionLM):
         nn.init.zeros_(self.lm_head.bias)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
-                n_steps: int | None = None, stop_tol: float | None = None, cache=None):
+                n_steps: int | None = None, stop_tol: float | None = None, cache=None,
+                backprop_steps: int | None = None):
         """Embed, run the recurrent energy descent (:meth:`NRGPTRecurrent.descend
         <energyformer.layers.nrgpt_recurrent.NRGPTRecurrent.descend>`), apply the LM head.
 
         Args:
             idx: token ids ``(B, N)``.
             targets: ``(B, N)`` next-token ids (``-1`` ignored) or ``None``.
-            n_steps, stop_tol, cache: as in :meth:`~energyformer.layers.nrgpt_recurrent.NRGPTRecurrent.descend`
-                (``n_steps`` defaults to ``config.n_steps``; with a cache ``idx`` follows the
-                cached positions).
+            n_steps, stop_tol, cache, backprop_steps: as in
+                :meth:`~energyformer.layers.nrgpt_recurrent.NRGPTRecurrent.descend` (``n_steps``
+                defaults to ``config.n_steps``; with a cache ``idx`` follows the cached positions;
+                ``backprop_steps=k`` back-propagates through the last ``k`` steps only, so with
+                ``k < n_steps`` the embeddings get no gradient from that call).
 
         Returns:
             ``(logits (B, N, V), loss or None)``. Under ``with model.trace() as trace:`` the trace
@@ -189,14 +192,15 @@ class NRGPT(NRGPTRecurrent, LearnedPositionLM):
 
         Raises:
             ValueError: bad ``idx``/``targets`` (see ``check_input``), ``n_steps < 1``,
-                ``stop_tol < 0``, a cache filled with another ``n_steps``/``stop_tol``, a cache
-                while tracing.
+                ``stop_tol < 0``, ``backprop_steps < 1`` or with a cache, a cache filled with another
+                ``n_steps``/``stop_tol``, a cache while tracing.
 
         With ``mask="strict"`` token 0 has no context: its attention energy and force are 0, so
         its state moves by the FF force only (and a length-1 sequence gives FF-only logits).
         """
         offset = cache_length(cache)
         self.check_input(idx, targets, offset)
-        x = self.descend(self.embed(idx, offset), n_steps=n_steps, stop_tol=stop_tol, cache=cache)
+        x = self.descend(self.embed(idx, offset), n_steps=n_steps, stop_tol=stop_tol, cache=cache,
+                         backprop_steps=backprop_steps)
         logits = self.lm_head(self.ln_f(x))
         return logits, self.lm_loss(logits, targets)

@@ -20,6 +20,7 @@ import torch.nn as nn
 from energyformer._validate import check_int
 from energyformer.layers.baseline import GPTBlock
 from energyformer.layers.kv_cache import cache_length
+from energyformer.layers.truncation import first_graph_step, step_grad_mode
 from energyformer.models.base import LearnedPositionLM, init_weights
 from energyformer.models.config import GPTShapeConfig
 
@@ -55,22 +56,30 @@ class RecurrentGPT(LearnedPositionLM):
         init_weights(self, 0.02)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, n_steps: int | None = None,
-                cache=None):
+                cache=None, backprop_steps: int | None = None):
         """``idx (B, N)`` → ``(logits (B, N, V), loss or None)``.
 
         ``n_steps`` overrides the number of block applications for this call (default
-        ``config.n_steps``). ``cache`` (docs/architecture.md §5): ``idx`` follows the cached
+        ``config.n_steps``). ``backprop_steps=k`` (training) runs the first ``T − k`` applications
+        under ``torch.no_grad()`` and back-propagates through the last ``k`` only
+        (:mod:`energyformer.layers.truncation`; ``None`` or ``k ≥ T``: all of them; with ``k < T``
+        the embeddings get no gradient from that call). ``cache`` (docs/architecture.md §5): ``idx`` follows the cached
         positions; the keys depend on the state at each step, so slot ``t`` is step ``t`` (a
         cache must be filled and used with one ``n_steps``).
 
         Raises:
-            ValueError: bad ids / length (``check_input``) or ``n_steps < 1``.
+            ValueError: bad ids / length (``check_input``), ``n_steps < 1``, ``backprop_steps < 1``
+                or ``backprop_steps`` with a cache.
         """
         offset = cache_length(cache)
         self.check_input(idx, targets, offset)
         T = self.config.n_steps if n_steps is None else check_int("n_steps", n_steps, 1)
+        first_graph = first_graph_step(T, backprop_steps)
+        if cache is not None and backprop_steps is not None:
+            raise ValueError(f"backprop_steps={backprop_steps} is for training; call without a cache")
         x = self.embed(idx, offset)
         for t in range(T):
-            x = self.block(x) if cache is None else self.block(x, cache, t)
+            with step_grad_mode(t, first_graph):  # the steps before the last backprop_steps: no graph
+                x = self.block(x) if cache is None else self.block(x, cache, t)
         logits = self.lm_head(self.ln_f(x))
         return logits, self.lm_loss(logits, targets)

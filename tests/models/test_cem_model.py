@@ -229,3 +229,28 @@ def test_diag_only_heads_start_and_stay_different():
         model(idx, idx)[1].backward()
         opt.step()
     assert (diag[0] - diag[1]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(preconditioner="diag_lowrank", preconditioner_rank=2)])
+def test_n_steps_at_call_time_runs_that_recursion_in_every_sub_block(kw):
+    """model(idx, n_steps=K) is the model configured with T = K, holding the same weights."""
+    trained = _perturb(_model(n_steps=2, interaction="diag_shared", **kw))
+    deeper = _model(n_steps=4, interaction="diag_shared", **kw)
+    deeper.load_state_dict(trained.state_dict())
+    idx = torch.randint(0, V, (2, BLOCK), generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(trained(idx, n_steps=4)[0], deeper(idx)[0], rtol=0, atol=0)
+    torch.testing.assert_close(trained(idx, n_steps=2)[0], trained(idx)[0], rtol=0, atol=0)
+    # generation with a cache: the keys/values are computed once per sub-block, whatever the steps
+    cached = trained.generate(idx[:1, :4], 6, temperature=0, n_steps=4)
+    assert cached.tolist() == trained.generate(idx[:1, :4], 6, temperature=0, n_steps=4, use_cache=False).tolist()
+    assert cached.tolist() == deeper.generate(idx[:1, :4], 6, temperature=0).tolist()
+
+
+def test_n_steps_at_call_time_with_per_step_factors_is_at_most_the_trained_depth():
+    model = _model(n_steps=3, per_step_scale=True)
+    idx = torch.randint(0, V, (1, 5))
+    model(idx, n_steps=2)
+    with pytest.raises(ValueError, match=r"n_steps=4 exceeds the 3 per-step factors"):
+        model(idx, n_steps=4)
+    with pytest.raises(ValueError, match="n_steps=0 must be >= 1"):
+        model(idx, n_steps=0)
