@@ -48,6 +48,10 @@ LR_SCHEDULES = ("cosine", "exponential", "constant", "wsd")
 DTYPES = ("float32", "bfloat16", "auto")
 PARALLEL = ("ddp", "fsdp")
 FSDP_CHECKPOINTS = ("sharded", "full")
+# train.depth_sampler (energyformer.train.depth) and the keys each one reads
+DEPTH_SAMPLER_KEYS = {"fixed": (), "poisson_lognormal": ("depth_mean", "depth_max"),
+                      "uniform": ("depth_min", "depth_max")}
+DEPTH_SAMPLERS = tuple(DEPTH_SAMPLER_KEYS)
 # TrainConfig fields whose None default is derived from another field (kept on resume unless given)
 DERIVED_TRAIN_KEYS = ("min_lr", "lr_decay_steps", "ckpt_interval", "cooldown_steps")
 DEFAULT_OUT_DIR = "out/run"  # when there is no recipe file to name the run after
@@ -160,6 +164,17 @@ class TrainConfig:
         deterministic: deterministic kernels (``torch.use_deterministic_algorithms``,
             ``CUBLAS_WORKSPACE_CONFIG``, cuDNN flags): bit-exact resume on CUDA too, slower
             (docs/gpu.md); the CPU is deterministic without it.
+        depth_sampler: the number of recurrent steps of each optimizer step
+            (:mod:`energyformer.train.depth`): ``"fixed"`` (the model's ``n_steps``, as before),
+            ``"poisson_lognormal"`` (mean ``depth_mean``, capped at ``depth_max`` if given) or
+            ``"uniform"`` (an integer in ``[depth_min, depth_max]``). Recurrent models only
+            (NRGPT, GPT_Rec, CEM).
+        depth_mean: the mean depth of ``poisson_lognormal`` (a number > 1); null otherwise.
+        depth_min: the smallest depth of ``uniform`` (>= 1); null otherwise.
+        depth_max: the largest depth of ``uniform``, and the optional cap of ``poisson_lognormal``
+            (>= ``depth_min`` and >= ``depth_mean``); null with ``fixed``.
+        backprop_steps: truncated back-propagation: a graph through the last ``k`` recurrent steps
+            only (the earlier ones run under ``torch.no_grad()``); null = through every step.
 
     Raises:
         ValueError: any value out of range or of the wrong type, naming the option.
@@ -198,6 +213,11 @@ class TrainConfig:
     fsdp_checkpoint: str = "sharded"
     activation_checkpointing: bool = False
     deterministic: bool = False
+    depth_sampler: str = "fixed"
+    depth_mean: float | None = None
+    depth_min: int | None = None
+    depth_max: int | None = None
+    backprop_steps: int | None = None
 
     def __post_init__(self) -> None:
         _check_nonempty_str("train.out_dir", self.out_dir)
@@ -254,6 +274,37 @@ class TrainConfig:
         check_choice("train.fsdp_checkpoint", self.fsdp_checkpoint, FSDP_CHECKPOINTS)
         if not isinstance(self.deterministic, bool):
             raise ValueError(f"train.deterministic={self.deterministic!r} must be true or false")
+        self._check_depth()
+
+    def _check_depth(self) -> None:
+        """The randomized-depth keys: which ones each ``depth_sampler`` reads, and their ranges."""
+        sampler = check_choice("train.depth_sampler", self.depth_sampler, DEPTH_SAMPLERS)
+        for key in ("depth_mean", "depth_min", "depth_max"):
+            if getattr(self, key) is not None and key not in DEPTH_SAMPLER_KEYS[sampler]:
+                users = [name for name, keys in DEPTH_SAMPLER_KEYS.items() if key in keys]
+                raise ValueError(f"train.{key}={getattr(self, key)!r} is only read by train.depth_sampler "
+                                 f"{' or '.join(repr(u) for u in users)}; got train.depth_sampler={sampler!r} "
+                                 "(leave it null)")
+        if sampler == "poisson_lognormal":
+            if self.depth_mean is None:
+                raise ValueError("train.depth_sampler='poisson_lognormal' needs train.depth_mean, the mean depth "
+                                 "(a number > 1)")
+            self.depth_mean = check_float("train.depth_mean", self.depth_mean, 1.0, strict=True)
+            if self.depth_max is not None:
+                check_int("train.depth_max", self.depth_max, 1)
+                if self.depth_max < self.depth_mean:
+                    raise ValueError(f"train.depth_max={self.depth_max} must be >= train.depth_mean="
+                                     f"{self.depth_mean:g} (the cap of the drawn depths)")
+        if sampler == "uniform":
+            for key in ("depth_min", "depth_max"):
+                if getattr(self, key) is None:
+                    raise ValueError(f"train.depth_sampler='uniform' needs train.{key} (an integer >= 1); "
+                                     "the depth is drawn uniformly from [depth_min, depth_max]")
+                check_int(f"train.{key}", getattr(self, key), 1)
+            if self.depth_min > self.depth_max:
+                raise ValueError(f"train.depth_min={self.depth_min} must be <= train.depth_max={self.depth_max}")
+        if self.backprop_steps is not None:
+            check_int("train.backprop_steps", self.backprop_steps, 1)
 
     @property
     def sequences_per_step(self) -> int:

@@ -19,8 +19,14 @@ Under ``torchrun`` the same function trains with DDP or FSDP2 (``train.parallel`
 :mod:`energyformer.train.distributed`): rank 0 logs and writes, every rank draws its own
 micro-batches of one seeded stream.
 
+Randomized depth (``train.depth_sampler``, ``train.backprop_steps``; :mod:`energyformer.train.depth`):
+each optimizer step draws its number of recurrent steps from a generator of its own, the same on
+every rank, and passes it to the model's forward with the truncation; the default (``fixed``, no
+truncation) calls the model exactly as before.
+
 Resuming is exact: the checkpoint holds the optimizer state, the torch/numpy/python RNG states
-(of every rank) and the state of the batch stream's ``torch.Generator``; evaluation draws its
+(of every rank), the state of the batch stream's ``torch.Generator`` and that of the depth
+sampler's; evaluation draws its
 batches from its own freshly seeded generators and never touches those states. So N steps +
 resume for N more reproduces a 2N-step run. A resume keeps the run's resolved schedule
 (``lr_decay_steps``, ``min_lr``, ``ckpt_interval``) unless a value is given explicitly, and
@@ -54,6 +60,7 @@ from energyformer.runs.rng import rng_state, seed_everything, set_rng_state
 from energyformer.runs.weights import load_weights
 from energyformer.train import distributed as dist
 from energyformer.train import preflight
+from energyformer.train.depth import DepthSampler, check_supported
 from energyformer.train.metrics import MetricsLogger, logger_options, peak_flops
 from energyformer.train.optim import build_optimizer, lr_at
 from energyformer.train.parallelize import parallelize
@@ -88,7 +95,9 @@ def train(run_cfg: RunConfig, *, progress: bool | None = None) -> dict[str, Any]
         is unknown), ``device``, ``world_size``, ``out_dir``.
 
     Raises:
-        ValueError: invalid device; data that cannot train this model (a split shorter than
+        ValueError: invalid device; randomized depth or ``train.backprop_steps`` for a model
+            without recurrent steps (:func:`energyformer.train.depth.check_supported`); data that
+            cannot train this model (a split shorter than
             ``block_size + 1``, token ids beyond the vocabulary, a data vocabulary larger than
             ``model.vocab_size``); a model too large for the memory; an out_dir that is a file,
             not writable or in use by another training; a checkpoint of a different model or
@@ -128,7 +137,9 @@ def _train(run_cfg: RunConfig, info: dist.DistInfo, progress: bool | None) -> di
         seed_ranks(tc.seed, info)
         wrapped, fwd = parallelize(model, info, activation_checkpointing=tc.activation_checkpointing,
                                    dtype=resolve_dtype(tc.dtype, info.device),
-                                   use_compile=tc.compile if tc.compile is not None else info.device.type == "cuda")
+                                   use_compile=tc.compile if tc.compile is not None else info.device.type == "cuda",
+                                   # truncated steps leave the embeddings of NRGPT / GPT_Rec without a gradient
+                                   find_unused_parameters=tc.backprop_steps is not None)
         optimizer = build_optimizer(model, tc)  # after FSDP2 has sharded the parameters
         loop = _Loop(run_cfg, data, info, model, optimizer, data_gen, amp=amp, say=say, t_start=t_start,
                      wrapped=wrapped, fwd=fwd, flops_per_token=flops_per_token)
@@ -174,6 +185,7 @@ def _read_data(run_cfg: RunConfig, info: dist.DistInfo) -> _Data:
     from energyformer.data import data_identity, load_meta, load_split
 
     tc, mc = run_cfg.train, run_cfg.model
+    check_supported(mc, tc)
     out_dir = Path(tc.out_dir)
     if tc.resume == "auto" and ckpt.find_checkpoint(out_dir) is not None:
         preflight.require_train_state(out_dir)  # an import-hf run: say how to fine-tune it before the data is read
@@ -284,6 +296,8 @@ class _Loop:
         self.pending: list[tuple[int, float, torch.Tensor]] = []  # (step, lr, [loss, grad norm]) not yet read
         self.tokens_per_step = (self.tc.batch_size * self.tc.grad_accum_steps * run_cfg.model.block_size
                                 * info.world_size)
+        self.depth = DepthSampler(self.tc)  # the recurrent steps of each optimizer step (train.depth_sampler)
+        self.last_depth: int | None = None
 
     def restore(self, state: dict[str, Any], folder: Path) -> None:
         """Continue from a checkpoint's train state: optimizer, batch stream, RNG, step, totals;
@@ -294,6 +308,7 @@ class _Loop:
         another number the ranks reseed with ``seed + step + rank`` (distinct dropout masks, not
         the saved stream)."""
         ckpt.restore_train_state(self.model, self.optimizer, self.data_gen, state, folder)
+        self.depth.load_state(state.get("extra", {}))
         ranks = state.get("rng_ranks")
         if isinstance(ranks, list) and len(ranks) == self.info.world_size:
             set_rng_state(ranks[self.info.rank])
@@ -362,11 +377,13 @@ class _Loop:
             group["lr"] = lr
         loss_sum = torch.zeros((), device=self.device)
         batches = self.sampler.next_step(tc.grad_accum_steps)
+        self.last_depth = self.depth.draw()  # one depth per optimizer step, the same on every rank
+        depth_kwargs = self.depth.forward_kwargs(self.last_depth)  # {} by default: the call as before
         for i, (x, y) in enumerate(batches):
             with dist.sync_gradients(self.wrapped, sync=i == len(batches) - 1), \
                     _out_of_memory(step, tc, self.out_dir):
                 with self.amp:
-                    _, loss = self.fwd(x, y)
+                    _, loss = self.fwd(x, y, **depth_kwargs)
                 (loss / tc.grad_accum_steps).backward()
             loss_sum += loss.detach().float()
         dist.reduce_replicated_grads(self.model, info)
@@ -403,6 +420,8 @@ class _Loop:
         step, loss = self.step, self.train_loss
         record = {"step": step, "train_loss": loss, "lr": lr, "grad_norm": grad_norm,
                   "tokens_per_s": tok_s, "mfu": _mfu(self.flops_per_token, tok_s, self.peak)}
+        if self.last_depth is not None:  # the depth drawn for this step (train.depth_sampler)
+            record["depth"] = self.last_depth
         if do_eval:
             self.last_eval = ev = self.evaluate()
             if not math.isfinite(ev["val"]):
@@ -439,7 +458,7 @@ class _Loop:
         """
         info, step = self.info, self.step
         extra = {"train_loss": self.train_loss, **self.totals,
-                 "wall_s": self.totals["wall_s"] + time.perf_counter() - self.t_start}
+                 "wall_s": self.totals["wall_s"] + time.perf_counter() - self.t_start, **self.depth.state()}
         common = dict(extra=extra, data=self.data.identity)
         try:
             if info.enabled and self.tc.parallel == "fsdp" and self.tc.fsdp_checkpoint == "sharded":

@@ -33,11 +33,14 @@ __all__ = ["parallelize", "apply_activation_checkpointing", "apply_data_parallel
 
 
 def parallelize(model: nn.Module, info: DistInfo, *, activation_checkpointing: bool = False,
-                use_compile: bool = False, dtype: str = "float32") -> tuple[nn.Module, nn.Module]:
+                use_compile: bool = False, dtype: str = "float32", find_unused_parameters: bool = False
+                ) -> tuple[nn.Module, nn.Module]:
     """Apply checkpointing, DDP/FSDP2 and ``torch.compile`` to ``model``.
 
     ``dtype`` is the run's resolved ``train.dtype``: with ``"bfloat16"`` FSDP2 gathers the
     parameters in bf16 and reduces the gradients in fp32 (:func:`mixed_precision_policy`).
+    ``find_unused_parameters``: DDP's option of that name, for steps in which some parameters
+    get no gradient (truncated back-propagation, ``train.backprop_steps``).
 
     Returns:
         ``(wrapped, fwd)``: ``wrapped`` is the model under DDP (or ``model`` itself: one process or
@@ -46,7 +49,7 @@ def parallelize(model: nn.Module, info: DistInfo, *, activation_checkpointing: b
     """
     if activation_checkpointing:
         apply_activation_checkpointing(model)
-    wrapped = apply_data_parallel(model, info, dtype=dtype)
+    wrapped = apply_data_parallel(model, info, dtype=dtype, find_unused_parameters=find_unused_parameters)
     fwd = torch.compile(wrapped) if use_compile else wrapped
     return wrapped, fwd
 
@@ -122,7 +125,8 @@ def mixed_precision_policy(dtype: str) -> Any:
     return MixedPrecisionPolicy()
 
 
-def apply_data_parallel(model: nn.Module, info: DistInfo, dtype: str = "float32") -> nn.Module:
+def apply_data_parallel(model: nn.Module, info: DistInfo, dtype: str = "float32",
+                        find_unused_parameters: bool = False) -> nn.Module:
     """The model to train: ``model`` itself (one process), DDP around it, or it sharded by FSDP2.
 
     FSDP2 changes ``model`` in place (its parameters become DTensor shards, gathered in the
@@ -151,4 +155,5 @@ def apply_data_parallel(model: nn.Module, info: DistInfo, dtype: str = "float32"
         return model
     from torch.nn.parallel import DistributedDataParallel
 
-    return DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
+    return DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == "cuda" else None,
+                                   find_unused_parameters=find_unused_parameters)

@@ -28,6 +28,7 @@ from energyformer.runs import checkpoint as ckpt
 from energyformer.runs import rundir
 from energyformer.runs.config import RunConfig
 from energyformer.runs.rng import seed_everything
+from energyformer.train.depth import check_supported
 from energyformer.train.metrics import MetricsLogger
 from energyformer.train.optim import build_optimizer, lr_at
 
@@ -54,13 +55,15 @@ def train_regressor(run_cfg: RunConfig, progress: bool | None = None) -> dict[st
         pair), ``minutes``, ``params``, ``params_non_embedding``, ``device``, ``out_dir``.
 
     Raises:
-        ValueError: the model is not a regressor, or its ``x_dim``/``block_size`` do not fit the data.
+        ValueError: the model is not a regressor, or its ``x_dim``/``block_size`` do not fit the data, or
+            ``train.depth_sampler`` / ``train.backprop_steps`` are set (no recurrent steps).
         FileNotFoundError: the GP data is not prepared.
         FloatingPointError: the loss became non-finite.
     """
     tc, mc = run_cfg.train, run_cfg.model
     if mc.arch != "regressor":
         raise ValueError(f"train_regressor trains arch 'regressor'; got model.arch={mc.arch!r}")
+    check_supported(mc, tc)  # no randomized depth: the regressor's forward takes no n_steps
     t_start = time.perf_counter()
     if tc.num_threads is not None:
         torch.set_num_threads(tc.num_threads)

@@ -335,3 +335,47 @@ def test_old_key_override_replaces_the_recipes_new_key():
         load_config(ROOT / "configs/shakespeare_char/nrgpt.yaml",
                     ["--model.step_size", "full", "--model.eta_param", "full"], default_vocab_size=65,
                     resolve_vocab=True)
+
+
+@pytest.mark.parametrize("override, match", [
+    (["--train.depth_sampler", "poisson"], r"train.depth_sampler='poisson' is not valid; expected one of 'fixed', "
+                                           r"'poisson_lognormal', 'uniform'"),
+    (["--train.depth_mean", "4"], r"train.depth_mean=4.0 is only read by train.depth_sampler 'poisson_lognormal'; "
+                                  r"got train.depth_sampler='fixed'"),
+    (["--train.depth_max", "4"], r"train.depth_max=4 is only read by train.depth_sampler 'poisson_lognormal' or "
+                                 r"'uniform'; got train.depth_sampler='fixed'"),
+    (["--train.depth_sampler", "poisson_lognormal"], r"train.depth_sampler='poisson_lognormal' needs "
+                                                     r"train.depth_mean"),
+    (["--train.depth_sampler", "poisson_lognormal", "--train.depth_mean", "1"], r"train.depth_mean=1.0 must be > 1"),
+    (["--train.depth_sampler", "poisson_lognormal", "--train.depth_mean", "inf"],
+     r"train.depth_mean=inf must be a finite number > 1"),
+    (["--train.depth_sampler", "poisson_lognormal", "--train.depth_mean", "6", "--train.depth_max", "5"],
+     r"train.depth_max=5 must be >= train.depth_mean=6"),
+    (["--train.depth_sampler", "poisson_lognormal", "--train.depth_mean", "6", "--train.depth_min", "2"],
+     r"train.depth_min=2 is only read by train.depth_sampler 'uniform'; got train.depth_sampler='poisson_lognormal'"),
+    (["--train.depth_sampler", "uniform", "--train.depth_max", "4"], r"train.depth_sampler='uniform' needs "
+                                                                     r"train.depth_min \(an integer >= 1\)"),
+    (["--train.depth_sampler", "uniform", "--train.depth_min", "0", "--train.depth_max", "4"],
+     r"train.depth_min=0 must be >= 1"),
+    (["--train.depth_sampler", "uniform", "--train.depth_min", "5", "--train.depth_max", "4"],
+     r"train.depth_min=5 must be <= train.depth_max=4"),
+    (["--train.depth_sampler", "uniform", "--train.depth_min", "5", "--train.depth_mean", "4"],
+     r"train.depth_mean=4.0 is only read by train.depth_sampler 'poisson_lognormal'; got train.depth_sampler="
+     r"'uniform'"),
+    (["--train.backprop_steps", "0"], r"train.backprop_steps=0 must be >= 1"),
+    (["--train.backprop_steps", "two"], r"train.backprop_steps='two' must be an integer or null"),
+])
+def test_bad_depth_values(override, match):
+    with pytest.raises(ValueError, match=match):
+        load_config(minimal(learning_rate=1e-3), override)
+
+
+def test_depth_keys_default_to_todays_training_and_round_trip(tmp_path):
+    tc = load_config(minimal()).train
+    assert (tc.depth_sampler, tc.depth_mean, tc.depth_min, tc.depth_max, tc.backprop_steps) == \
+        ("fixed", None, None, None, None)
+    cfg = load_config(minimal(), ["--train.depth_sampler", "poisson_lognormal", "--train.depth_mean", "6",
+                                  "--train.depth_max", "12", "--train.backprop_steps", "2"])
+    assert (cfg.train.depth_mean, cfg.train.depth_max, cfg.train.backprop_steps) == (6.0, 12, 2)
+    again = load_config(save_config(cfg, tmp_path / "config.yaml"))
+    assert again == cfg

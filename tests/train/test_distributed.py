@@ -1,7 +1,8 @@
 """Many processes on CPU (gloo), launched the way users launch them: ``torchrun -m energyformer train``.
 
 - DDP over 2 ranks ≡ 1 process with 2× gradient accumulation over the same windows (loss and
-  weights to 1e-6 after 10 steps); FSDP2 the same (on NRGPT: a reused block, scalar parameters);
+  weights to 1e-6 after 10 steps), also with randomized depth and truncated back-propagation (one
+  draw on every rank); FSDP2 the same (on NRGPT: a reused block, scalar parameters);
 - a checkpoint written by FSDP2 loads in one process and resumes under DDP, and one written by
   DDP resumes under FSDP2, both continuing the single-process curve;
 - killing one rank stops the job with a message and leaves the last complete checkpoint intact;
@@ -82,6 +83,21 @@ def test_ddp_two_ranks_equal_one_process_with_twice_the_accumulation(data_dir, t
     assert_same_run(tmp_path / "ddp", tmp_path / "one")
     assert sorted(p.name for p in (tmp_path / "ddp").iterdir()) == sorted(
         p.name for p in (tmp_path / "one").iterdir())
+
+
+def test_ddp_draws_one_depth_on_every_rank_and_truncates_like_one_process(data_dir, tmp_path):
+    """Randomized depth under DDP: every rank runs the step's one draw (else the averaged gradients
+    would differ from one process's), and truncated steps that leave the embeddings without a
+    gradient do not stop DDP."""
+    r = recipe(tmp_path, data_dir, NRGPT, max_steps=6, eval_interval=3, depth_sampler="poisson_lognormal",
+               depth_mean=3.0, depth_max=6, backprop_steps=1)
+    res = torchrun(r, "--train.out_dir", str(tmp_path / "ddp"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    res = single(r, "--train.out_dir", str(tmp_path / "one"), "--train.grad_accum_steps", "2")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert_same_run(tmp_path / "ddp", tmp_path / "one")
+    depths = [[m["depth"] for m in read_metrics(tmp_path / run)] for run in ("ddp", "one")]
+    assert depths[0] == depths[1] and max(depths[0]) > 1
 
 
 @pytest.mark.slow
