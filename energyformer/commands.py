@@ -214,7 +214,8 @@ def train(recipe: str, overrides: Sequence[str] = (), progress: bool | None = No
 
     Raises:
         ValueError / FileNotFoundError: invalid recipe or overrides, missing data, a run
-            directory given as the recipe (the message says how to resume or fine-tune it).
+            directory given as the recipe (the message says how to resume or fine-tune it), a
+            missing recipe (a mistyped bundled one with the closest names: did you mean ...?).
         TrainingDivergedError: the loss became non-finite (the last good checkpoint is kept).
         SystemExit: ``--help`` among the overrides (after printing every key of the recipe).
     """
@@ -222,11 +223,13 @@ def train(recipe: str, overrides: Sequence[str] = (), progress: bool | None = No
     from energyformer.runs.rundir import CONFIG_FILE
     from energyformer.train import train as run_training
     from energyformer.train.loop import train_on_hint
-    from energyformer.utils.bundled import find_recipe
+    from energyformer.utils.bundled import did_you_mean, find_recipe
 
     recipe = find_recipe(recipe)
     if (Path(recipe) / CONFIG_FILE).is_file():  # a run directory where a recipe belongs
         raise ValueError(f"{recipe!r} is a run directory, not a recipe YAML file; {train_on_hint(recipe)}")
+    if not Path(recipe).exists() and did_you_mean(recipe):  # a mistyped bundled recipe
+        raise FileNotFoundError(f"config file {recipe!r} does not exist{did_you_mean(recipe)}")
     run_cfg = load_config(recipe, overrides, resolve_vocab=True)
     run_cfg.imports = list(dict.fromkeys([*run_cfg.imports, *imports]))
     return run_training(run_cfg, progress=progress)
@@ -358,23 +361,27 @@ def info(recipe: str, overrides: Sequence[str] = ()) -> str:
     The vocabulary size comes from the data's meta.json, else 65 is assumed (and said).
 
     Args:
-        recipe: YAML recipe, or a run directory (its config.yaml is read).
+        recipe: YAML recipe (or a bundled one by name, as for train), or a run directory (its
+            config.yaml is read).
         overrides: --section.key VALUE tokens.
 
     Returns:
         the report text.
 
     Raises:
-        ValueError / FileNotFoundError: invalid or missing recipe, a directory that is not a run
-            directory or a weights file (the message says what was expected and what was found).
+        ValueError / FileNotFoundError: invalid or missing recipe (a mistyped bundled one with the
+            closest names), a directory that is not a run directory or a weights file (the message
+            says what was expected and what was found).
     """
     from energyformer.models.accounting import parameter_report
     from energyformer.runs.config import load_config
     from energyformer.runs.rundir import CONFIG_FILE, run_config_path
+    from energyformer.utils.bundled import did_you_mean, find_recipe
 
     expected = "a recipe YAML file"
+    recipe = find_recipe(recipe)  # a bundled recipe by name, as train takes it
     if not Path(recipe).exists():
-        raise FileNotFoundError(f"{recipe!r} does not exist; "
+        raise FileNotFoundError(f"{recipe!r} does not exist{did_you_mean(recipe)}; "
                                 f"expected {expected} or a run directory holding {CONFIG_FILE}")
     if Path(recipe).is_dir():
         recipe = str(run_config_path(recipe, alternative=expected))
@@ -414,12 +421,16 @@ def compare(run_dirs: Sequence[str], out: str | None = None, plot: str | None = 
     Raises:
         FileNotFoundError / ValueError: a run with neither a readable summary.json nor metrics.jsonl
             records; ``x`` not tokens/steps.
+        NotADirectoryError: ``out`` or ``plot`` inside a path that is a file (checked before
+            anything is written).
         ModuleNotFoundError: ``plot`` without matplotlib (``pip install 'energyformer[viz]'``).
     """
     from energyformer.eval.compare import X_AXES, compare_runs, format_markdown, plot_curves
 
     if x not in X_AXES:
         raise ValueError(f"--x {x!r} is not valid; expected 'tokens' (tokens seen) or 'steps'")
+    if out is not None:
+        _check_folder("--out", out, Path(out))
     if plot is not None:  # a missing matplotlib or a bad --plot fails before anything is written
         import matplotlib  # noqa: F401  (first: a missing matplotlib is named even when a submodule is cached)
         from matplotlib.backend_bases import FigureCanvasBase
@@ -428,6 +439,7 @@ def compare(run_dirs: Sequence[str], out: str | None = None, plot: str | None = 
         if plot_file.suffix[1:].lower() not in formats:
             raise ValueError(f"--plot {plot!r}: {plot_file.suffix!r} is not an image format matplotlib writes; "
                              f"expected one of {', '.join('.' + f for f in sorted(formats))}")
+        _check_folder("--plot", plot, plot_file)
     rows = compare_runs(run_dirs)
     table = format_markdown(rows)
     if out is not None:
@@ -439,6 +451,20 @@ def compare(run_dirs: Sequence[str], out: str | None = None, plot: str | None = 
     if plot is not None:
         print(f"wrote {plot_curves(run_dirs, plot_file, x=x)}", file=sys.stderr)
     return table
+
+
+def _check_folder(flag: str, value: str, path: Path) -> None:
+    """Raise unless the folder of the file ``path`` exists or can be created (no part of it is a file).
+
+    Raises:
+        NotADirectoryError: a part of the folder is a file (named, with the value given to ``flag``).
+    """
+    for parent in path.parents:  # the nearest existing one decides
+        if parent.exists():
+            if not parent.is_dir():
+                raise NotADirectoryError(f"{flag} {value!r}: {str(parent)!r} is a file; expected a folder (or a "
+                                         "path where one can be created)")
+            return
 
 
 def plot_path(plot: str) -> Path:

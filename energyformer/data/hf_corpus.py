@@ -21,9 +21,11 @@ has at most 65,535 ids, else uint32 (``meta["dtype"]``, read by :func:`energyfor
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
+import logging
 import os
 import shutil
 import time
@@ -151,26 +153,120 @@ def iter_documents(s: HFSettings, skip: int = 0) -> Iterator[str]:
     Raises:
         FileNotFoundError: a local folder without data files.
         ValueError: no column ``text_field`` (the columns are listed) or a non-text value; local
-            files that hold no document (named).
+            files that hold no document, or one that cannot be read: bytes that are not UTF-8, a
+            line that is not JSON, a broken parquet file (one line naming the file, the line or
+            byte offset, and what was expected; :func:`read_error`).
     """
     from datasets import load_dataset
 
     path = Path(s.dataset)
-    if path.exists():
-        files = _local_files(path, s.text_field)
-        builder = LOCAL_BUILDERS[files[0].suffix]
-        extra = {"sample_by": "document"} if builder == "text" else {}
+    if not path.exists():
+        ds = load_dataset(s.dataset, s.config, split=s.split, streaming=True)
+        yield from _texts(s, ds, skip, local=False)
+        return
+    files = _local_files(path, s.text_field)
+    builder = LOCAL_BUILDERS[files[0].suffix]
+    extra = {"sample_by": "document"} if builder == "text" else {}
+    with _datasets_errors_unlogged():  # datasets logs a read error before raising it: we name the file instead
         try:
-            ds = load_dataset(builder, data_files=[str(f) for f in files], split=s.split, streaming=True, **extra)
+            try:
+                ds = load_dataset(builder, data_files=[str(f) for f in files], split=s.split, streaming=True,
+                                  **extra)
+            except (UnicodeDecodeError, ValueError) as e:  # (it reads the first file for the columns)
+                raise _ReadError() from e
+            yield from _texts(s, ds, skip, local=True)
         except StopIteration:  # (datasets' json reader on files of blank lines, raised inside a generator)
             raise ValueError(f"{s.dataset!r} holds no documents; expected "
                              f"{_expected_records(builder, s.text_field)}") from None
-    else:
-        ds = load_dataset(s.dataset, s.config, split=s.split, streaming=True)
+        except _ReadError as e:
+            raise ValueError(read_error(files, builder, s.text_field, e.__cause__ or e)) from None
+
+
+class _ReadError(Exception):
+    """A local file's documents could not be read (the ``datasets`` error is its ``__cause__``)."""
+
+
+_UNLOGGED: dict[str, Any] = {"depth": 0, "level": None}  # readers of local files alive, the level to restore
+
+
+@contextlib.contextmanager
+def _datasets_errors_unlogged() -> Iterator[None]:
+    """``datasets`` logs "Failed to load JSON from file ..." before it raises: while local files are
+    read (their errors :func:`read_error` reports in one line) its log stays quiet; the first
+    reader to start saves the level, the last to end restores it."""
+    from datasets.utils import logging as datasets_logging
+
+    if _UNLOGGED["depth"] == 0:
+        _UNLOGGED["level"] = datasets_logging.get_verbosity()
+        datasets_logging.set_verbosity(logging.CRITICAL + 1)
+    _UNLOGGED["depth"] += 1
+    try:
+        yield
+    finally:
+        _UNLOGGED["depth"] -= 1
+        if _UNLOGGED["depth"] == 0:
+            datasets_logging.set_verbosity(_UNLOGGED["level"])
+
+
+def read_error(files: list[Path], builder: str, text_field: str, error: BaseException) -> str:
+    """One line for a local source that ``datasets`` could not read: the first file, line or byte
+    that is not UTF-8, not JSON (one object per line for ``.jsonl``), or not parquet, with what was
+    expected; else the library's message with the source named. Reads the files again (an error path)."""
+    for f in files:
+        if builder == "parquet":
+            import pyarrow.parquet as pq
+
+            try:
+                pq.ParquetFile(f)
+            except Exception as e:  # noqa: BLE001  (pyarrow raises several kinds)
+                return f"{str(f)!r} is not a readable parquet file ({' '.join(str(e).split())})"
+            continue
+        offset, bad_json = 0, None
+        with open(f, "rb") as fh:
+            for lineno, raw in enumerate(fh, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    return (f"{str(f)!r} is not valid UTF-8: byte {raw[e.start:e.start + 1]!r} at offset "
+                            f"{offset + e.start} (line {lineno}); convert it first, e.g. "
+                            f"`iconv -f latin1 -t utf-8 {f.name}`")
+                offset += len(raw)
+                if builder == "json" and bad_json is None and line.strip():
+                    try:
+                        json.loads(line.rstrip("\r\n"))
+                    except json.JSONDecodeError as e:
+                        bad_json = (lineno, e)
+        if bad_json is not None:
+            lineno, e = bad_json
+            if f.suffix == ".json":  # one JSON document (not JSON Lines) may span lines
+                try:
+                    json.loads(f.read_text(encoding="utf-8"))
+                    continue
+                except json.JSONDecodeError as whole:
+                    lineno, e = whole.lineno, whole
+            return (f"{str(f)!r} line {lineno} is not valid JSON ({e.msg} at column {e.colno}); expected "
+                    f"{_expected_records(builder, text_field)}")
+    return f"{', '.join(repr(str(f)) for f in files[:3])} could not be read ({' '.join(str(error).split())})"
+
+
+def _texts(s: HFSettings, ds: Any, skip: int, local: bool) -> Iterator[str]:
+    """The ``text_field`` of each row of the streamed dataset ``ds`` (after ``skip``, up to
+    ``max_documents``); with ``local``, a read error comes out as :class:`_ReadError`."""
     limit = None if s.max_documents is None else max(0, s.max_documents - skip)
     if skip:
         ds = ds.skip(skip)
-    for i, row in enumerate(itertools.islice(ds, limit)):
+    rows = iter(itertools.islice(ds, limit))
+    i = -1
+    while True:
+        i += 1
+        try:
+            row = next(rows)
+        except StopIteration:
+            return
+        except (UnicodeDecodeError, ValueError) as e:  # (pyarrow's ArrowInvalid is a ValueError)
+            if not local:
+                raise
+            raise _ReadError() from e
         if s.text_field not in row:
             raise ValueError(f"text_field={s.text_field!r} is not a column of {s.dataset!r}; "
                              f"its columns: {sorted(row)}")

@@ -105,6 +105,11 @@ def _no_matplotlib(c, monkeypatch):
 CLI_CASES = [
     # --- recipes (YAML) ---
     ("recipe-missing", lambda c: ["train", str(c.root / "nope.yaml")], r"config file .*nope\.yaml' does not exist"),
+    ("recipe-mistyped-bundled", lambda c: ["train", "shakespeare_char/nrpgt.yaml"],
+     r"^error: config file 'shakespeare_char/nrpgt\.yaml' does not exist \(did you mean "
+     r"'shakespeare_char/nrgpt\.yaml', "),
+    ("recipe-mistyped-bundled-folder", lambda c: ["train", "configs/englsh/cem.yaml"],
+     r"config file 'configs/englsh/cem\.yaml' does not exist \(did you mean 'configs/english/cem\.yaml'\?\)$"),
     ("recipe-is-a-directory", lambda c: ["train", str(c.data)],
      r"config file .*data' does not exist \(it is a directory\)"),
     ("recipe-not-utf8", lambda c: c.train(recipe=c.recipe(text=b"model:\n  arch: gpt\xff\n")),
@@ -233,11 +238,20 @@ CLI_CASES = [
      r"\(this file is in the run directory '.*run': energyformer info .*run\)$"),
     ("info-recipe-missing", lambda c: ["info", str(c.root / "nope.yaml")],
      r"'.*nope\.yaml' does not exist; expected a recipe YAML file or a run directory holding config\.yaml$"),
+    ("info-recipe-mistyped-bundled", lambda c: ["info", "shakespeare_char/nrpgt"],
+     r"'shakespeare_char/nrpgt' does not exist \(did you mean 'shakespeare_char/nrgpt', .*\?\); expected a "
+     r"recipe YAML file or a run directory holding config\.yaml$"),
     ("info-run-directory-missing", lambda c: ["info", str(c.root / "norun")],
      r"'.*norun' does not exist; expected a recipe YAML file or a run directory holding config\.yaml$"),
     ("compare-run-missing", lambda c: ["compare", str(c.root / "norun")], r"summary\.json'? not found"),
     ("compare-plot-without-matplotlib", _no_matplotlib,
      r"needs the optional package 'matplotlib', which is not installed; pip install 'energyformer\[viz\]'"),
+    ("compare-plot-inside-a-file", lambda c: ((c.root / "afile").write_text("x"),
+                                              ["compare", str(c.run), "--plot", "afile/x.png"])[-1],
+     r"^error: --plot 'afile/x\.png': 'afile' is a file; expected a folder \(or a path where one can be created\)$"),
+    ("compare-out-inside-a-file", lambda c: ((c.root / "afile").write_text("x"),
+                                             ["compare", str(c.run), "--out", "afile/t.md"])[-1],
+     r"^error: --out 'afile/t\.md': 'afile' is a file; expected a folder"),
     ("prepare-unknown-dataset", lambda c: ["prepare", "tinystories", "--out_root", str(c.root / "d")],
      r"dataset='tinystories' is not valid; expected one of " + ", ".join(f"'{n}'" for n in (*DATASETS, "text", "hf"))
      + r" \('text': any UTF-8 text file, with --input FILE; 'hf': a Hugging Face dataset or local "

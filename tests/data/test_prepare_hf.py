@@ -216,3 +216,34 @@ def test_files_without_documents_are_named(tmp_path):
     (tmp_path / "blank.jsonl").write_text("\n\n  \n")
     with pytest.raises(ValueError, match=r"blank\.jsonl' holds no documents; expected one JSON object per line"):
         _prep(tmp_path, tmp_path / "blank.jsonl", "b")
+
+
+@pytest.mark.parametrize("name,content,message", [
+    ("latin1.jsonl", b'{"text": "ok"}\n{"text": "caf\xe9"}\n',
+     r"^error: 'latin1\.jsonl' is not valid UTF-8: byte b'\\xe9' at offset 28 \(line 2\); convert it first, "
+     r"e\.g\. `iconv -f latin1 -t utf-8 latin1\.jsonl`$"),
+    ("broken.jsonl", b'{"text": "ok"}\n{"text": "no comma" "id": 1}\n',
+     r"^error: 'broken\.jsonl' line 2 is not valid JSON \(Expecting ',' delimiter at column 21\); expected one "
+     r"JSON object per line with the document's text in 'text' \(--text-field\)$"),
+    ("latin1.txt", b"caf\xe9\n", r"^error: 'latin1\.txt' is not valid UTF-8: byte b'\\xe9' at offset 3 \(line 1\)"),
+])
+@pytest.mark.parametrize("tokenizer", ["char", "gpt2"])
+def test_an_unreadable_file_is_one_error_line_naming_it(tmp_path, monkeypatch, capfd, name, content, message,
+                                                        tokenizer):
+    """Bytes that are not UTF-8 or a line that is not JSON: one line naming the file and where (datasets
+    itself logs a second line, "Failed to load JSON from file ...", and names no file in its error)."""
+    import re
+
+    from datasets.utils import logging as datasets_logging
+
+    if tokenizer == "gpt2":  # the tokenizer is built before the documents are read: fail there, not offline
+        monkeypatch.setattr(hf_corpus, "build_tokenizer", lambda s, say: {"tokenizer": "char", "chars": ["\n"],
+                                                                          "vocab_size": 1})
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / name).write_bytes(content)
+    level = datasets_logging.get_verbosity()
+    capfd.readouterr()
+    assert main(["prepare", "hf", "--dataset", name, "--tokenizer", tokenizer, "--num-proc", "1"]) == 2
+    err = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and re.search(message, err[0]), err
+    assert datasets_logging.get_verbosity() == level  # datasets' own log is quiet only while reading
