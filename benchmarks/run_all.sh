@@ -2,7 +2,8 @@
 # Every benchmark at its default settings, then the markdown tables from their JSON (report.py).
 #
 #   benchmarks/run_all.sh              # CPU: layers at the three CPU shapes, models at d 128 and at
-#                                      # d 256 with torch.compile, cached generation; then report.py
+#                                      # d 256 with torch.compile, randomized-depth activation memory,
+#                                      # cached generation; then report.py
 #   benchmarks/run_all.sh --check      # the same, and exit 1 if any script missed a goal (all still run)
 #   DEVICE=cuda benchmarks/run_all.sh  # the GPU shapes (layers and models at d 768, 16 x 1024)
 #   QUICK=1 benchmarks/run_all.sh      # every script's --quick path (smoke; results in a temporary
@@ -46,6 +47,7 @@ if [ "$DEVICE" = cpu ]; then
   run benchmarks/bench_layers.py
   run benchmarks/bench_models.py
   run benchmarks/bench_models.py --d-model 256 --compile
+  run benchmarks/bench_depth.py
 else
   run benchmarks/bench_layers.py --shapes gpu
   run benchmarks/bench_models.py --shape gpu --compile

@@ -23,7 +23,7 @@ def bench():
     sys.path.insert(0, str(BENCH))
     try:
         yield {name: importlib.import_module(name)
-               for name in ("common", "bench_layers", "bench_models", "bench_generate", "report")}
+               for name in ("common", "bench_layers", "bench_models", "bench_generate", "bench_depth", "report")}
     finally:
         sys.path.remove(str(BENCH))
 
@@ -189,6 +189,24 @@ def test_bench_models_quick_compile(bench, tmp_path):
     assert {"compiled_ms", "compiled_mfu", "compile_speedup", "compile_s"} <= row.keys()
     assert _goals([row]) == {"MFU (best of eager, compiled)", "compiled speed-up"}
 
+
+def test_bench_depth_quick_memory_is_flat_in_the_depth_for_a_fixed_k(bench, tmp_path):
+    out = tmp_path / "depth.json"
+    assert bench["bench_depth"].main(["--quick", "--out", str(out)]) == 0
+    data = _load(out)
+    assert data["script"] == "bench_depth" and data["settings"]["depths"] == [2, 4, 8]
+    rows = {(r["family"], r["depth"]): r for r in data["rows"]}
+    assert {f for f, _ in rows} == {"nrgpt ff2w", "gpt_rec_parallel", "cem"}
+    for family in ("nrgpt ff2w", "gpt_rec_parallel", "cem"):
+        at = {d: rows[family, d] for d in (2, 4, 8)}
+        assert at[2]["truncated_saved_mb"] == at[2]["full_saved_mb"]  # k = depth: nothing truncated
+        # equal up to a storage address reused by chance (the embeddings' saved ids are freed once the
+        # truncation cuts them off, and the count is by address): a few hundred bytes
+        assert at[8]["truncated_saved_mb"] == pytest.approx(at[4]["truncated_saved_mb"], rel=1e-3)
+        assert at[8]["full_saved_mb"] > 1.5 * at[4]["full_saved_mb"]
+        assert at[8]["truncated_over_full"] == pytest.approx(at[8]["truncated_saved_mb"] / at[8]["full_saved_mb"])
+    assert _goals(data["rows"]) == {"k=2: memory at depth 8 / depth 4"}
+    assert all(g["met"] for r in data["rows"] for g in r["goals"])
 
 def test_bench_generate_quick_and_its_goal(bench, tmp_path):
     out = tmp_path / "generate.json"
