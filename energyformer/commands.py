@@ -258,7 +258,8 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
             and print the continuations of each until end of input.
         use_cache: decode with a key/value cache (false: recompute the whole context for every token).
         device: auto (CUDA when available, else the CPU), cpu, cuda, cuda:N or mps.
-        n_steps: NRGPT / recurrent GPT: descent steps at inference (default: as trained).
+        n_steps: NRGPT / recurrent GPT / CEM (every sub-block): steps at inference (default: as
+            trained; a CEM with per_step_scale takes at most its trained T).
         stop_tol: NRGPT: per-token early-stopping tolerance of the descent (docs/nrgpt.md).
 
     Returns:

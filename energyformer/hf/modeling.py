@@ -179,7 +179,7 @@ class EnergyformerForCausalLM(EnergyformerPreTrainedModel, GenerationMixin):
     def generate(self, inputs: torch.Tensor | None = None, *args: Any, **kwargs: Any):
         """:meth:`transformers.GenerationMixin.generate`, after checking the prompt fits the context.
 
-        ``n_steps`` (NRGPT, recurrent GPT: steps at inference) and ``stop_tol`` (NRGPT only)
+        ``n_steps`` (NRGPT, recurrent GPT, CEM: steps at inference) and ``stop_tol`` (NRGPT only)
         pass through to every forward. Beam search (``num_beams > 1``) recomputes the last ``block_size`` tokens
         each step (``use_cache=False``): our KV cache cannot be reordered across beams.
 

@@ -64,6 +64,32 @@ def test_sample(trained, capsys):
     assert len(two) == 2 and two[0] == two[1]  # greedy
 
 
+def test_sample_n_steps_changes_a_cem_runs_steps(tmp_path, capsys):
+    """`sample --n-steps K` on a CEM run runs K steps in every sub-block (what the inference_steps
+    experiment measures); a per_step_scale CEM refuses more steps than it learned factors for."""
+    import torch
+    from run_helpers import CHARS, make_run
+
+    from energyformer.data import CharTokenizer
+    from energyformer.runs.rundir import load_run
+
+    run = make_run(tmp_path / "cem", {"arch": "cem", "n_steps": 2})
+    tok, model = CharTokenizer(CHARS), load_run(run)[0]
+    x = torch.tensor([tok.encode("the ")])
+    want = tok.decode(model.generate(x, 10, temperature=0, n_steps=8)[0].tolist())
+    assert want != tok.decode(model.generate(x, 10, temperature=0)[0].tolist())  # 8 steps are not 2
+    args = ["sample", str(run), "--prompt", "the ", "--max-new-tokens", "10", "--temperature", "0"]
+    assert main([*args, "--n-steps", "8"]) == 0
+    assert capsys.readouterr().out == want + "\n"
+    scaled = make_run(tmp_path / "cem_scaled", {"arch": "cem", "n_steps": 2, "per_step_scale": True})
+    assert main(["sample", str(scaled), "--n-steps", "8"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["error: n_steps=8 exceeds the 2 per-step factors of this sub-block (per_step_scale: one "
+                   "factor per trained step)"], err
+    assert main(["sample", str(run), "--stop-tol", "1e-3"]) == 2  # NRGPT's only
+    assert "--stop-tol is not an option of the 'cem' model; it takes ['n_steps']" in capsys.readouterr().err
+
+
 def test_sample_errors(trained, tmp_path, capsys):
     assert main(["sample", str(trained), "--prompt", "xyz€"]) == 2
     err = capsys.readouterr().err
