@@ -236,8 +236,8 @@ def test_unknown_override_is_one_line_with_a_hint(recipe, capsys):
 
 
 @pytest.mark.parametrize("argv, match", [
-    (["sample", "run", "--max-new-tokens", "many"], "--max_new_tokens='many' must be an integer"),
-    (["sample", "run", "--top-k", "1.5"], "--top_k='1.5' must be an integer or null"),
+    (["sample", "run", "--max-new-tokens", "many"], "--max-new-tokens='many' must be an integer"),  # as typed
+    (["sample", "run", "--top_k", "1.5"], "--top_k='1.5' must be an integer or null"),
     (["sample"], "required: sample.run_dir"),
     (["sampel", "run"], "invalid choice: 'sampel'"),
     (["sample", "run", "--bogus", "1"], "unrecognized arguments: --bogus 1"),
