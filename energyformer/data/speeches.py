@@ -20,6 +20,7 @@ import numpy as np
 from energyformer._validate import check_int
 from energyformer.data.loader import load_split
 from energyformer.data.meta import FORMAT_VERSION, META_FILE, load_meta
+from energyformer.data.prepare import check_out_dir
 from energyformer.data.tokenizers import CharTokenizer
 from energyformer.utils.io import atomic_write_bytes
 
@@ -57,7 +58,8 @@ def prepare_speech_split(source_dir: str | Path, out_dir: str | Path, every: int
 
     Raises:
         FileNotFoundError: ``source_dir`` is not prepared. ValueError: the source is not a
-            character dataset, or too short (see :func:`split_speeches`).
+            character dataset, too short (see :func:`split_speeches`), or ``out_dir`` holds a
+            training run. NotADirectoryError: ``out_dir`` is a file.
     """
     source_dir, out_dir = Path(source_dir), Path(out_dir)
     meta = load_meta(source_dir)
@@ -71,6 +73,7 @@ def prepare_speech_split(source_dir: str | Path, out_dir: str | Path, every: int
             return out_dir
     except (FileNotFoundError, ValueError):
         pass
+    check_out_dir(out_dir, {}, force=True)  # never into a run directory (its own up-to-date check is above)
     tok = CharTokenizer.from_meta(meta)
     train_text, held_text = split_speeches(tok.decode(np.asarray(load_split(source_dir, "train")).tolist()), every)
     train, val = tok.encode_array(train_text), tok.encode_array(held_text)

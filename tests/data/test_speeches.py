@@ -48,6 +48,15 @@ def test_prepare_speech_split_keeps_the_source_vocabulary(tmp_path):
 
 
 def test_prepare_speech_split_errors(tmp_path):
+    src = tmp_path / "corpus.txt"
+    src.write_text(_play(60), encoding="utf-8")
+    source = prepare_text(src, out_dir=tmp_path / "corpus", verbose=False)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("model: {}\n")
+    with pytest.raises(ValueError, match="holds a training run"):
+        prepare_speech_split(source, run)
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]
     with pytest.raises(FileNotFoundError):
         prepare_speech_split(tmp_path / "none", tmp_path / "out")
     d = tmp_path / "bpe"
