@@ -13,6 +13,7 @@
     energyformer export RUN_DIR [--to DIR] [--as energyformer|llama|gpt2] [--force] [--verbose]  # a transformers folder
     energyformer import-hf HF_DIR [--out RUN_DIR] [--force] [--verbose]      # stock Llama / GPT-2 → a run
     energyformer eval RUN_DIR [--tasks mmlu_dev,val_loss,TASK] [--limit N] [--out REPORT.json] [--quiet]
+    energyformer zoo                                        # the trained models that ship: RUN_DIR = zoo:NAME
 
 Each command's flags are built from its function's signature and docstring
 (:class:`energyformer.runs.parser.ArgParser`: ``-`` or ``_`` in flag names, a boolean flag alone
@@ -57,6 +58,7 @@ COMMANDS: dict[str, tuple[Callable[..., Any], Callable[[Any], str] | None]] = {
     "export": (cmd.export, str),
     "import-hf": (cmd.import_hf, str),
     "eval": (cmd.evaluate, cmd.format_eval),
+    "zoo": (cmd.zoo, str),
 }
 # parameters not built from the signature: free override tokens (added as REMAINDER), a list of
 # positionals (added with nargs="+"), options for Python callers only (progress, imports)

@@ -235,6 +235,32 @@ def train(recipe: str, overrides: Sequence[str] = (), progress: bool | None = No
     return run_training(run_cfg, progress=progress)
 
 
+def _run_ref(run_dir: str) -> tuple[str, str | None]:
+    """``(the run directory a command's RUN argument names, the zoo entry's name or None)``: ``zoo:NAME``
+    is a model that ships with the package (:mod:`energyformer.runs.zoo`), whose folder is package
+    data, so a command's default outputs go under the working directory instead."""
+    from energyformer.runs.zoo import is_zoo_ref, resolve_run_dir
+
+    return str(resolve_run_dir(run_dir)), (run_dir[len("zoo:"):] if is_zoo_ref(run_dir) else None)
+
+
+def zoo() -> str:
+    """List the trained models that ship with energyformer (use one as RUN: `sample zoo:NAME`).
+
+    Returns:
+        a Markdown table: name, model, parameters, the fixed-evaluation metric, convergence, source.
+    """
+    from energyformer.runs.zoo import zoo_entries
+
+    rows = ["| RUN | model | params | val loss (whole validation split) | converged | made by |",
+            "|---|---|---|---|---|---|"]
+    for e in zoo_entries():
+        conv = e["converged"].split(" ")[0]
+        rows.append(f"| zoo:{e['name']} | {e['description']} | {e['params']:,} | {e['metric']['value']:.4f} | {conv} "
+                    f"| `{e['command']}` |")
+    return "\n".join(rows)
+
+
 def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 500, temperature: float = 0.8,
            top_k: int | None = 200, top_p: float | None = None, min_p: float | None = None,
            repetition_penalty: float | None = None, stop: list[str] | str | None = None, seed: int = 1337,
@@ -243,7 +269,7 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
     """Generate text from a trained run directory.
 
     Args:
-        run_dir: run directory written by `energyformer train` (train.out_dir).
+        run_dir: run directory written by `energyformer train` (train.out_dir), or zoo:NAME (`energyformer zoo`).
         prompt: text to continue (default: a newline), or a JSON list of prompts '["ROMEO:", "JULIET:"]'.
         max_new_tokens: tokens to generate after the prompt.
         temperature: sampling temperature; 0 = greedy (tiny values are greedy too).
@@ -289,6 +315,7 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if any(not s for s in stops):
         raise ValueError(f"--stop={stop!r}: a stop text must not be empty")
+    run_dir, _ = _run_ref(run_dir)
     dev = resolve_device(device)
     configure_backends(dev)
     model, _, meta = load_run(run_dir, device=dev)
@@ -487,8 +514,8 @@ def export(run_dir: str, to: str | None = None, as_: str = "energyformer", verbo
     (our Llama or a CEM equal to one; our GPT) that load without energyformer.
 
     Args:
-        run_dir: run directory with a complete checkpoint.
-        to: output folder (default hf/<run directory name>).
+        run_dir: run directory with a complete checkpoint, or zoo:NAME.
+        to: output folder (default hf/<run directory name>; hf/NAME for zoo:NAME).
         as_: energyformer, llama or gpt2 (also written --as).
         verbose: show transformers' progress bars.
         force: overwrite an output folder that already holds files (refused without it, as
@@ -510,6 +537,7 @@ def export(run_dir: str, to: str | None = None, as_: str = "energyformer", verbo
 
     configure_backends()  # the export's checks run the model
 
+    run_dir, _ = _run_ref(run_dir)
     out = Path(to) if to is not None else Path("hf") / Path(run_dir).name
     if not force and out.is_dir() and any(out.iterdir()):
         raise ValueError(f"--to {str(out)!r} already holds files (an earlier export?); pass --force to "
@@ -586,7 +614,7 @@ def inspect_energy(run_dir: str, prompt: str = "\n", out: str | None = None, n_s
     and OUT/energy_steps.png, OUT/energy_heatmap.png.
 
     Args:
-        run_dir: run directory of a trained energy model.
+        run_dir: run directory of a trained energy model, or zoo:NAME.
         prompt: the text to trace (default: a newline).
         out: output folder (default RUN_DIR/inspect).
         n_steps: NRGPT: descent steps at inference (default: as trained).
@@ -602,7 +630,9 @@ def inspect_energy(run_dir: str, prompt: str = "\n", out: str | None = None, n_s
     """
     from energyformer.inspect.energy import format_inspect, inspect_run
 
-    out = out if out is not None else str(Path(run_dir) / "inspect")
+    run_dir, entry = _run_ref(run_dir)
+    if out is None:
+        out = str(Path("inspect") / entry) if entry else str(Path(run_dir) / "inspect")
     return format_inspect(inspect_run(run_dir, prompt, out, n_steps=n_steps, stop_tol=stop_tol, device=device))
 
 
@@ -612,9 +642,10 @@ def evaluate(run_dir: str, tasks: str = "mmlu_dev,val_loss", out: str | None = N
     """Evaluate a run: MMLU-format dev questions, validation loss, lm-eval tasks; a JSON + Markdown report.
 
     Args:
-        run_dir: run directory with a complete checkpoint.
+        run_dir: run directory with a complete checkpoint, or zoo:NAME.
         tasks: comma-separated: mmlu_dev, val_loss, or lm-eval task names whose data are local.
-        out: JSON report path (default RUN_DIR/eval.json; the Markdown table goes beside it as .md).
+        out: JSON report path (default RUN_DIR/eval.json, for zoo:NAME eval/NAME.json; the Markdown table
+            goes beside it as .md).
         num_fewshot: shots for mmlu_dev (0-4: a subject has 5 dev questions) and lm-eval tasks.
         batch_size: sequences per forward pass.
         limit: at most this many questions per task (val_loss: windows of block_size tokens).
@@ -634,6 +665,9 @@ def evaluate(run_dir: str, tasks: str = "mmlu_dev,val_loss", out: str | None = N
     """
     from energyformer.eval.suite import evaluate_run
 
+    run_dir, entry = _run_ref(run_dir)
+    if out is None and entry:
+        out = str(Path("eval") / f"{entry}.json")
     return evaluate_run(run_dir, tasks, out=out, num_fewshot=num_fewshot, batch_size=batch_size, limit=limit,
                         include_path=include_path, device=device, n_steps=n_steps,
                         progress=False if quiet else None)

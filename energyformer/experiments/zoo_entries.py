@@ -59,6 +59,7 @@ def build_entry(record: str | Path, name: str, description: str, command: str,
     from energyformer.data.loader import load_split
     from energyformer.eval.suite import windows_loss
     from energyformer.experiments.common import convergence
+    from energyformer.runs.checkpoint import FORMAT_VERSION, MARKER_FILE
     from energyformer.runs.rundir import load_run, read_summary
 
     record = Path(record)
@@ -67,13 +68,18 @@ def build_entry(record: str | Path, name: str, description: str, command: str,
         if not (record / f).is_file():
             raise FileNotFoundError(f"run record {str(record)!r} has no {f}: it cannot become a zoo entry")
     out.mkdir(parents=True, exist_ok=True)
-    for f in ("config.yaml", "meta.json", "model.safetensors"):
+    for f in ("config.yaml", "meta.json", "model.safetensors", "summary.json"):
         shutil.copyfile(record / f, out / f)
+    summary = read_summary(record)
+    # a complete run directory, as training leaves one: the marker lists the files (export needs it)
+    marker = {"format_version": FORMAT_VERSION, "step": int(summary["steps"]),
+              "files": ["config.yaml", "meta.json", "model.safetensors"]}
+    (out / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
     model, run_cfg, _ = load_run(out)
     tokens = np.asarray(load_split(run_cfg.data.path, "val")[:check_tokens + 1], dtype=np.int64)
     loss, _ = windows_loss(model, tokens)
     (out / CHECK_FILE).write_text(json.dumps({"tokens": tokens.tolist(), "loss": loss}) + "\n", encoding="utf-8")
-    summary, evaluation = read_summary(record), json.loads((record / "final_eval.json").read_text(encoding="utf-8"))
+    evaluation = json.loads((record / "final_eval.json").read_text(encoding="utf-8"))
     c = convergence(record)
     conv = ("unknown (too few evaluations)" if c.get("verdict") is None else
             f"{c['verdict']} (slope {c['slope_per_1k']:+.4f} ± {c['slope_se_per_1k']:.4f} per 1k steps over the "

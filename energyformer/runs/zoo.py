@@ -2,13 +2,14 @@
 (``energyformer sample zoo:NAME``, ``export``, ``inspect``, ``eval``, ``load_run("zoo:NAME")``), and
 ``energyformer zoo`` to list them. Offline: the weights are package data.
 
-An entry is a run directory inside the package, ``energyformer/zoo/NAME/``: ``config.yaml``,
-``meta.json`` (the tokenizer), ``model.safetensors``, ``README.md`` (its model card: what it is,
-the data, parameters, the fixed-evaluation metric, whether it converged, the command that made it),
-``zoo.json`` (the card's fields) and ``check.json`` (a few hundred validation tokens and the
-model's loss on them, so a test can hold the shipped weights to their recorded metric without the
-corpus). :mod:`energyformer.experiments.zoo_entries` makes the entries from the experiments' run
-records (docs/zoo.md).
+An entry is a finished run directory inside the package, ``energyformer/zoo/NAME/``:
+``config.yaml``, ``meta.json`` (the tokenizer), ``model.safetensors``, ``summary.json``,
+``checkpoint.json``; ``README.md``, its model card (what it is, the data, parameters, the
+fixed-evaluation metric, whether it converged, the command that made it); ``zoo.json``, the card's
+fields; and ``check.json``, a few hundred validation tokens and the model's loss on them, so a test
+can hold the shipped weights to their recorded metric without the corpus.
+:mod:`energyformer.experiments.zoo_entries` makes the entries from the experiments' run records
+(docs/zoo.md).
 """
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def resolve_run_dir(ref: str | Path, root: str | Path | None = None) -> Path:
     if name and (root / name / ENTRY_FILE).is_file():
         return root / name
     names = [e["name"] for e in zoo_entries(root)]
-    close = difflib.get_close_matches(name, names, n=1)
+    close = [n for n in names if name and n.startswith(name)][:1] or difflib.get_close_matches(name, names, n=1)
     hint = f"; did you mean zoo:{close[0]}?" if close else ""
     raise FileNotFoundError(f"{ref!r} is not in the model zoo (entries: {', '.join(names) or 'none'}){hint}; "
                             "`energyformer zoo` lists them")

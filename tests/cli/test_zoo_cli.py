@@ -1,0 +1,35 @@
+"""`energyformer zoo` and `zoo:NAME` as the RUN of sample, inspect and export, from any working
+directory, with outputs that never go into the package."""
+import pytest
+
+from energyformer.cli import main
+from energyformer.runs.zoo import zoo_root
+
+
+def test_zoo_lists_the_entries(capsys):
+    assert main(["zoo"]) == 0
+    out = capsys.readouterr().out
+    assert "| zoo:nrgpt_shakespeare_char |" in out and "| zoo:cem_t2_shakespeare_char |" in out
+    assert "1.7070" in out and "energyformer experiment energy_descent" in out
+
+
+def test_sample_inspect_export_take_a_zoo_entry(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib")
+    monkeypatch.chdir(tmp_path)
+    before = sorted(p.name for p in (zoo_root() / "nrgpt_shakespeare_char").iterdir())
+    assert main(["sample", "zoo:nrgpt_shakespeare_char", "--prompt", "ROMEO:", "--max-new-tokens", "20",
+                 "--seed", "0", "--device", "cpu"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("ROMEO:") and len(text.strip()) > len("ROMEO:")
+    assert main(["inspect", "zoo:nrgpt_shakespeare_char", "--prompt", "ROMEO:", "--device", "cpu"]) == 0
+    assert (tmp_path / "inspect" / "nrgpt_shakespeare_char" / "trace.json").is_file()  # not inside the package
+    pytest.importorskip("transformers")
+    assert main(["export", "zoo:cem_t2_shakespeare_char"]) == 0
+    assert (tmp_path / "hf" / "cem_t2_shakespeare_char" / "config.json").is_file()
+    assert sorted(p.name for p in (zoo_root() / "nrgpt_shakespeare_char").iterdir()) == before
+
+
+def test_a_mistyped_zoo_entry_is_one_error_line(capsys):
+    assert main(["sample", "zoo:cem_t2", "--prompt", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "did you mean zoo:cem_t2_shakespeare_char?" in err
