@@ -138,3 +138,7 @@ def test_built_wheel_and_sdist_install_and_train_in_a_fresh_environment(tmp_path
               "--train.warmup_steps", "1", "--train.compile", "false")
     assert "done: 3 steps" in out
     assert (work / "out" / "tiny" / "config.yaml").is_file()
+    # the model zoo works from the wheel, offline, outside any clone
+    assert run(cli, "sample", "zoo:nrgpt_shakespeare_char", "--prompt", "ROMEO:", "--max-new-tokens", "10",
+               "--device", "cpu").startswith("ROMEO:")
+    assert "zoo:cem_t2_shakespeare_char" in run(cli, "zoo")
