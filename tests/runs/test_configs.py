@@ -325,8 +325,19 @@ def test_renamed_keys_are_upgraded_from_recipes_and_overrides(gpt_renames_width,
         assert load_config(minimal(), ["--model.d_model", "32"]).model.d_model == 32
 
 
+def test_default_recipe_demonstrates_descent_and_the_reference_keeps_the_free_eta():
+    """`make run`'s nrgpt.yaml trains η = c·diag(γ) (provable descent, docs/nrgpt.md §5); the
+    reference recipe, which extends it, restates the reference code's free η (issue 27, item 8)."""
+    default = load_config(ROOT / "configs/shakespeare_char/nrgpt.yaml", default_vocab_size=65, resolve_vocab=True)
+    assert default.model.eta_param == "c_diag_gamma" and default.model.norm == "layernorm"
+    assert sum(p.numel() for p in build_model(default.model).parameters()) == 233_168
+    ref = load_config(ROOT / "configs/shakespeare_char/nrgpt_reference.yaml", default_vocab_size=65,
+                      resolve_vocab=True).model
+    assert (ref.eta_param, ref.mask, ref.norm) == ("full", "inclusive", "layernorm_frozen")
+
+
 def test_old_key_override_replaces_the_recipes_new_key():
-    """nrgpt.yaml says eta_param: full; an override under the old name step_size must win, not clash."""
+    """nrgpt.yaml says eta_param: c_diag_gamma; an override under the old name step_size must win, not clash."""
     with pytest.warns(FutureWarning, match="model.step_size is deprecated"):
         cfg = load_config(ROOT / "configs/shakespeare_char/nrgpt.yaml", ["--model.step_size", "c_identity"],
                           default_vocab_size=65, resolve_vocab=True)
