@@ -17,6 +17,10 @@ map / preconditioner), so ``cos < 1`` shows the step map at work (NRGPT's η, CE
     energyformer inspect out/nrgpt --prompt "ROMEO:" --out figs/nrgpt
     → figs/nrgpt/trace.json, energy_steps.png, energy_heatmap.png
 
+The summary says whether the model's step map promises descent (:func:`descent_guarantee`: NRGPT's
+``η = c·diag(γ)`` does, for a small enough step; a free η or CEM's preconditioners do not) and,
+per block, whether the traced mean energy fell at every step or rose.
+
 The figures stay at most 12 × 16 inches at 120 dpi whatever the prompt's length: at most 30 tick
 labels per axis (every k-th token beyond), and past 10 tokens the step plot draws the mean over
 tokens and their 10–90% band instead of one line per token.
@@ -74,7 +78,8 @@ def energy_report(model: torch.nn.Module, idx: torch.Tensor, **forward_kwargs: A
     ``forward_kwargs`` go to the forward (NRGPT: ``n_steps``, ``stop_tol``).
 
     Returns:
-        ``{"blocks": report_from_trace(...), "steps_taken": (N,) list or None}``.
+        ``{"blocks": report_from_trace(...), "steps_taken": (N,) list or None,
+        "descent": descent_guarantee(model)}``.
 
     Raises:
         ValueError: the model has no energies (GPT, Llama, recurrent GPT), or see :func:`report_from_trace`.
@@ -87,12 +92,73 @@ def energy_report(model: torch.nn.Module, idx: torch.Tensor, **forward_kwargs: A
     finally:
         model.train(was_training)
     steps = None if trace.steps_taken is None else trace.steps_taken[0].tolist()
-    return {"blocks": report_from_trace(trace), "steps_taken": steps}
+    return {"blocks": report_from_trace(trace), "steps_taken": steps, "descent": descent_guarantee(model)}
+
+
+#: NRGPT's step maps with a descent guarantee (docs/nrgpt.md §5), each with the norms under which it holds
+_GUARANTEED: dict[str, tuple[str, tuple[str | None, ...]]] = {
+    "c_diag_gamma": ("η = c·diag(γ)", ("layernorm", "rmsnorm", "layernorm_frozen")),
+    "c_identity": ("η = c·I", ("layernorm_frozen", "none", None)),
+    "psd_plus_skew": ("η = LLᵀ + (S − Sᵀ)", ("none", None)),
+}
+_NAMES = {"full": "η a free d×d map", **{k: v[0] for k, v in _GUARANTEED.items()}}
+
+
+def descent_guarantee(model: torch.nn.Module) -> dict[str, Any]:
+    """Whether the theory promises that ``model``'s steps lower its energy (docs/nrgpt.md §5).
+
+    Guaranteed, for a small enough step: NRGPT with ``η = c·diag(γ)`` (a norm with a scale),
+    ``η = c·I`` (frozen ``γ = 1`` or no norm) or ``η = LLᵀ + (S − Sᵀ)`` (no norm), and positive
+    per-step scales ``κ_t`` if any. Every other ``η`` (the free ``full`` map, CEM's kinds) and every
+    CEM preconditioner: no guarantee (docs/cem.md §9).
+
+    Returns:
+        ``{"guaranteed": bool, "summary": one line in plain words}``.
+    """
+    cfg = model.config
+    eta, norm = getattr(cfg, "eta_param", None), getattr(cfg, "norm", None)
+    if eta is None:  # CEM (and any model without an η): the preconditioner P is its step map
+        pre = getattr(cfg, "preconditioner", None)
+        what = f"CEM with preconditioner {pre}" if pre else "CEM without a preconditioner"
+        return {"guaranteed": False, "summary": f"{what}: no descent guarantee: the energy may rise "
+                                                "(docs/cem.md §9)"}
+    name = f"{_NAMES.get(eta, f'η = {eta}')} (eta_param {eta}, norm {norm})"
+    if eta not in _GUARANTEED or norm not in _GUARANTEED[eta][1]:
+        return {"guaranteed": False, "summary": f"{name}: no descent guarantee: the energy may rise "
+                                                "(docs/nrgpt.md §5)"}
+    kappa = getattr(model, "step_scales", None)
+    if kappa is not None and bool((kappa <= 0).any()):
+        bad = ", ".join(str(t) for t in (kappa <= 0).nonzero().flatten().tolist())
+        return {"guaranteed": False, "summary": f"{name} but per-step scale κ ≤ 0 at step index {bad}: "
+                                                "no descent guarantee: the energy may rise (docs/nrgpt.md §5)"}
+    return {"guaranteed": True, "summary": f"{name}: descent guaranteed for a small enough step "
+                                           "(docs/nrgpt.md §5)"}
+
+
+def mean_energy_steps(block: dict[str, Any]) -> list[float]:
+    """The mean over tokens of a report block's energy at each step ``x⁰ … x^S``: its ``total``
+    term if it has one (NRGPT), else the sum of its terms (a CEM sub-block has one)."""
+    terms = [block["energy"]["total"]] if "total" in block["energy"] else list(block["energy"].values())
+    return [sum(sum(e[t]) / len(e[t]) for e in terms) for t in range(block["steps"] + 1)]
+
+
+def energy_trend(means: Sequence[float]) -> str:
+    """In words, how the mean energy ``E(x⁰) … E(x^S)`` moved: ``"falls at every step"``,
+    ``"falls overall, rises at step 2"`` or ``"RISES over the steps (up at steps 1, 2)"``; a step
+    ``t`` is the move from ``x^{t−1}`` to ``x^t``."""
+    up = [t for t in range(1, len(means)) if means[t] > means[t - 1]]
+    at = f"step{'s' if len(up) > 1 else ''} {', '.join(map(str, up))}"
+    if not up:
+        return "falls at every step"
+    if means[-1] > means[0]:
+        return f"RISES over the steps (up at {at})"
+    return f"falls overall, rises at {at}"
 
 
 MAX_WIDTH_IN, MAX_HEIGHT_IN, DPI = 12.0, 16.0, 120  # every figure fits 1440 × 1920 pixels
 MAX_TICKS = 30  # tick labels per axis; beyond, every k-th
 MAX_TOKEN_LINES = 10  # per-token lines in energy_steps.png; beyond, the mean and a 10–90% band
+TICK_PT, LABEL_PT, TITLE_PT = 9, 10, 11  # font sizes (points) of tick labels, axis labels and legends, titles
 
 
 def _pyplot() -> Any:
@@ -127,8 +193,8 @@ def _draw_tokens(ax: Any, e: torch.Tensor, tokens: Sequence[str], legend: bool) 
         ax.fill_between(steps, lo.numpy(), hi.numpy(), alpha=0.25, label="10–90% of tokens")
         ax.plot(steps, e.mean(dim=1).numpy(), marker=".", linewidth=1.5, label=f"mean over {e.shape[1]} tokens")
     if legend:
-        ax.legend(fontsize=6, loc="best", title="position token" if e.shape[1] <= MAX_TOKEN_LINES else None,
-                  title_fontsize=6)
+        ax.legend(fontsize=TICK_PT, loc="best", title="position token" if e.shape[1] <= MAX_TOKEN_LINES else None,
+                  title_fontsize=TICK_PT)
 
 
 def steps_figure(report: dict[str, Any], tokens: Sequence[str]) -> Any:
@@ -143,44 +209,52 @@ def steps_figure(report: dict[str, Any], tokens: Sequence[str]) -> Any:
                              squeeze=False)
     for i, (ax, (b, term)) in enumerate(zip(axes.flat, panels)):
         _draw_tokens(ax, torch.tensor(b["energy"][term], dtype=torch.float64), tokens, legend=i == 0)
-        ax.set_title(f"layer {b['layer']} {b['sub']}: {term}", fontsize=9)
-        ax.set_xlabel("descent step t")
+        ax.set_title(f"layer {b['layer']} {b['sub']}: {term}", fontsize=TITLE_PT)
+        ax.set_xlabel("descent step t", fontsize=LABEL_PT)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel("energy E(x^t) per token")
+        ax.set_ylabel("energy E(x^t) per token", fontsize=LABEL_PT)
+        ax.tick_params(labelsize=TICK_PT)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    fig.suptitle(f"energy vs step on {len(tokens)} tokens", fontsize=10)
+    fig.suptitle(f"energy vs step on {len(tokens)} tokens", fontsize=TITLE_PT + 1)
     fig.tight_layout()
     return fig
 
 
 def heatmap_figure(report: dict[str, Any], tokens: Sequence[str]) -> Any:
-    """Token × (layer, step) heat map of each term's energy minus its value at step 0, at most
-    12 × 16 inches and :data:`MAX_TICKS` tick labels per axis (the caller closes it)."""
+    """Token × step heat map of each term's energy change ``E(x^t) − E(x⁰)``, ``t = 1 … S`` (step 0,
+    zero by definition, is left out), at most 12 × 16 inches and :data:`MAX_TICKS` tick labels per
+    axis (the caller closes it). Columns are labelled ``step t``, or ``L{layer} s{t}`` when a term
+    spans several layers (CEM)."""
     plt = _pyplot()
 
     terms = sorted({t for b in report["blocks"] for t in b["energy"]})
-    size = (min(MAX_WIDTH_IN, 4.5 * len(terms)), min(10.0, 0.2 * len(tokens) + 2.0))
+    size = (min(MAX_WIDTH_IN, 4.5 * len(terms)), min(10.0, 0.25 * len(tokens) + 2.5))
     fig, axes = plt.subplots(1, len(terms), figsize=size, squeeze=False)
     names = _token_labels(tokens)
     for ax, term in zip(axes.flat, terms):
+        blocks = [b for b in report["blocks"] if term in b["energy"]]
         cols_data, labels = [], []
-        for b in report["blocks"]:
-            if term in b["energy"]:
-                e = torch.tensor(b["energy"][term])
-                cols_data.append(e - e[:1])
-                labels += [f"{b['layer']}.{t}" for t in range(e.shape[0])]
+        for b in blocks:
+            e = torch.tensor(b["energy"][term])
+            cols_data.append(e[1:] - e[:1])
+            steps = range(1, e.shape[0])
+            labels += [f"step {t}" for t in steps] if len(blocks) == 1 else [f"L{b['layer']} s{t}" for t in steps]
         mat = torch.cat(cols_data).T  # (N, columns)
         im = ax.imshow(mat.numpy(), aspect="auto", cmap="coolwarm", interpolation="nearest",
                        vmin=-float(mat.abs().max()) or -1, vmax=float(mat.abs().max()) or 1)
-        ax.set_title(f"{term}: E(x^t) − E(x^0)", fontsize=9)
+        ax.set_title(f"{term}: E(x^t) − E(x^0)", fontsize=TITLE_PT)
         rows, cols = thinned_ticks(len(tokens)), thinned_ticks(len(labels))
-        ax.set_yticks(list(rows), [names[i] for i in rows], fontsize=6)
-        ax.set_xticks(list(cols), [labels[i] for i in cols], fontsize=6, rotation=90)
-        ax.set_xlabel("layer.step")
-        ax.set_ylabel("position token" + (f" (1 in {rows.step} labelled)" if rows.step > 1 else ""))
-        fig.colorbar(im, ax=ax, fraction=0.046, label="energy change per token")
+        ax.set_yticks(list(rows), [names[i] for i in rows], fontsize=TICK_PT)
+        ax.set_xticks(list(cols), [labels[i] for i in cols], fontsize=TICK_PT,
+                      rotation=90 if len(cols) * max(map(len, labels)) > 40 else 0)
+        ax.set_xlabel("descent step t" if len(blocks) == 1 else "layer L, descent step s", fontsize=LABEL_PT)
+        ax.set_ylabel("position token" + (f" (1 in {rows.step} labelled)" if rows.step > 1 else ""),
+                      fontsize=LABEL_PT)
+        bar = fig.colorbar(im, ax=ax, fraction=0.046)
+        bar.set_label("energy change per token", fontsize=LABEL_PT)
+        bar.ax.tick_params(labelsize=TICK_PT)
     fig.tight_layout()
     return fig
 
@@ -218,7 +292,7 @@ def inspect_run(run_dir: str | Path, prompt: str, out_dir: str | Path, n_steps: 
 
     Returns:
         the report written to ``trace.json`` (``run``, ``arch``, ``prompt``, ``tokens``, ``blocks``,
-        ``steps_taken``, ``files``).
+        ``steps_taken``, ``descent``, ``files``).
 
     Raises:
         FileNotFoundError: not a run directory.
@@ -256,21 +330,25 @@ def inspect_run(run_dir: str | Path, prompt: str, out_dir: str | Path, n_steps: 
 
 
 def format_inspect(report: dict[str, Any]) -> str:
-    """A short text summary: per block, mean energy per term at the first and last step, mean cos."""
+    """A short text summary: whether the model's step map guarantees descent (:func:`descent_guarantee`),
+    then per block the mean energy per term at the first and last step, whether it fell at every
+    step or rose (:func:`energy_trend`), and the mean cos."""
     n = len(report["tokens"])
     lines = [f"{report['arch']} on {n} token{'s' if n != 1 else ''}; wrote {', '.join(report['files'])}"]
     if report.get("dropped_tokens"):
         lines.insert(0, f"warning: the prompt has {report['dropped_tokens'] + n} tokens, more than the model's "
                         f"block_size={report['block_size']}: traced its last {n}, the first "
                         f"{report['dropped_tokens']} dropped")
+    if report.get("descent"):
+        lines.append(f"  {report['descent']['summary']}")
     for b in report["blocks"]:
         terms = ", ".join(f"{t} {sum(e[0]) / len(e[0]):.4g} → {sum(e[-1]) / len(e[-1]):.4g}"
                           for t, e in b["energy"].items())
         cos = [c for row in b["cos"] for c in row]
-        lines.append(f"  layer {b['layer']} {b['sub']} ({b['steps']} steps): mean energy {terms}; "
-                     f"mean cos(Δx, −∇E) {sum(cos) / max(1, len(cos)):.3f}")
+        lines.append(f"  layer {b['layer']} {b['sub']} ({b['steps']} steps): mean energy {terms} "
+                     f"({energy_trend(mean_energy_steps(b))}); mean cos(Δx, −∇E) {sum(cos) / max(1, len(cos)):.3f}")
     return "\n".join(lines)
 
 
-__all__ = ["energy_report", "format_inspect", "heatmap_figure", "inspect_run", "plot_report", "report_from_trace",
-           "steps_figure"]
+__all__ = ["descent_guarantee", "energy_report", "energy_trend", "format_inspect", "heatmap_figure", "inspect_run",
+           "mean_energy_steps", "plot_report", "report_from_trace", "steps_figure"]

@@ -8,7 +8,8 @@ import torch
 
 from energyformer import build_model
 from energyformer.cli import main
-from energyformer.inspect.energy import DPI, energy_report, heatmap_figure, plot_report, report_from_trace, steps_figure
+from energyformer.inspect.energy import (DPI, descent_guarantee, energy_report, energy_trend, format_inspect,
+                                         heatmap_figure, plot_report, report_from_trace, steps_figure)
 
 NRGPT = {"arch": "nrgpt", "vocab_size": 11, "d_model": 16, "n_heads": 2, "n_steps": 3, "block_size": 16,
          "eta_param": "c_diag_gamma"}
@@ -116,6 +117,11 @@ def test_inspect_command_writes_trace_and_plots(tmp_path, capsys):
     assert (out / "energy_steps.png").stat().st_size > 0 and (out / "energy_heatmap.png").stat().st_size > 0
     said = capsys.readouterr().out
     assert "mean cos" in said and "warning" not in said
+    # the recipe's η is the default free map: the summary says so in one line, and trace.json keeps it
+    assert [ln.strip() for ln in said.splitlines() if "descent" in ln] == [
+        "η a free d×d map (eta_param full, norm layernorm): no descent guarantee: the energy may rise "
+        "(docs/nrgpt.md §5)"]
+    assert trace["descent"]["guaranteed"] is False
     # a prompt longer than block_size (16) is cropped to its last 16 tokens, and the output says so
     assert main(["inspect", str(run), "--prompt", "abcdefghij" * 2, "--out", str(out)]) == 0
     said = capsys.readouterr().out
@@ -134,3 +140,81 @@ data: {{data_dir: {tmp_path / 'data'}}}
 train: {{batch_size: 2, eval_iters: 1, eval_interval: 2, device: cpu}}
 """, encoding="utf-8")
     return str(path)
+
+
+@pytest.mark.parametrize("model, guaranteed", [
+    (NRGPT, True),  # η = c·diag(γ) with a LayerNorm: the default recipe's η
+    ({**NRGPT, "norm": "rmsnorm"}, True),
+    ({**NRGPT, "eta_param": "full"}, False),
+    ({**NRGPT, "eta_param": "c_identity"}, False),  # c·I needs γ ≡ 1 ...
+    ({**NRGPT, "eta_param": "c_identity", "norm": "layernorm_frozen"}, True),  # ... which the frozen norm has
+    ({**NRGPT, "eta_param": "psd_plus_skew"}, False),  # the PSD + skew condition holds without a norm only
+    ({**NRGPT, "eta_param": "psd_plus_skew", "norm": "none"}, True),
+    ({**NRGPT, "eta_param": "diag_lowrank"}, False),
+    (CEM, False), ({**CEM, "preconditioner": None, "preconditioner_rank": 8}, False),
+])
+def test_inspect_says_in_one_line_whether_eta_guarantees_descent(model, guaranteed):
+    """Issue 27: `inspect` on make run's free-η model showed the energy rising without a remark."""
+    torch.manual_seed(0)
+    m = build_model(model).eval()
+    said = descent_guarantee(m)
+    assert said["guaranteed"] is guaranteed
+    if guaranteed:
+        assert said["summary"].endswith(": descent guaranteed for a small enough step (docs/nrgpt.md §5)")
+    else:
+        assert ": no descent guarantee: the energy may rise (docs/" in said["summary"]
+    report = {"arch": model["arch"], "tokens": list("abcd"), "files": ["trace.json"],
+              **energy_report(m, torch.randint(0, 11, (1, 4)))}
+    lines = [ln for ln in format_inspect(report).splitlines() if "descent" in ln]
+    assert [ln.strip() for ln in lines] == [said["summary"]]
+
+
+def test_descent_guarantee_needs_positive_per_step_scales():
+    model = build_model({**NRGPT, "per_step_scale": True})
+    assert descent_guarantee(model)["guaranteed"]
+    with torch.no_grad():
+        model.step_scales[1] = -0.5
+    said = descent_guarantee(model)
+    assert not said["guaranteed"] and "κ ≤ 0 at step index 1: no descent guarantee" in said["summary"]
+
+
+def test_inspect_says_when_the_mean_energy_rises_next_to_the_numbers():
+    assert energy_trend([3.0, 2.0, 1.0]) == "falls at every step"
+    assert energy_trend([-57.7, -50.0, -40.0, -35.8]) == "RISES over the steps (up at steps 1, 2, 3)"
+    assert energy_trend([3.0, 1.0, 2.0]) == "falls overall, rises at step 2"
+    rising = {"layer": 0, "sub": "block", "steps": 2, "cos": [[1.0], [1.0]],
+              "energy": {"attn": [[-1.0], [-1.0], [-1.0]], "total": [[-57.7], [-40.0], [-35.8]]}}
+    falling = {**rising, "energy": {"total": [[-35.8], [-40.0], [-57.7]]}}
+    for block, trend in ((rising, "(RISES over the steps (up at steps 1, 2))"), (falling, "(falls at every step)")):
+        (line,) = format_inspect({"arch": "nrgpt", "tokens": ["a"], "files": [], "blocks": [block]}).splitlines()[1:]
+        total = "total -57.7 → -35.8" if block is rising else "total -35.8 → -57.7"
+        assert f"{total} {trend}; mean cos" in line
+
+
+@pytest.mark.parametrize("model, columns", [
+    (NRGPT, ["step 1", "step 2", "step 3"]),
+    (CEM, ["L0 s1", "L0 s2", "L1 s1", "L1 s2"]),
+])
+def test_heatmap_reads_as_steps_in_readable_fonts_without_an_empty_step_0(model, columns):
+    """Issue 27: x ticks `0.1 … 0.4` read as decimals, 6-pt fonts, and a step-0 column always 0."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    torch.manual_seed(0)
+    tokens = list("abcde")
+    report = energy_report(build_model(model).eval(), torch.randint(0, 11, (1, len(tokens))))
+    heat, steps = heatmap_figure(report, tokens), steps_figure(report, tokens)
+    maps = [ax for ax in heat.axes if ax.images]
+    assert maps
+    for ax in maps:
+        assert [t.get_text() for t in ax.get_xticklabels()] == columns
+        data = np.asarray(ax.images[0].get_array())
+        assert data.shape == (len(tokens), len(columns))
+        assert not np.isnan(data).all(axis=0).any() and (data != 0).any(axis=0).all()  # no empty column
+    for fig in (heat, steps):
+        texts = [t for ax in fig.axes for t in (*ax.get_xticklabels(), *ax.get_yticklabels(), ax.title,
+                                                ax.xaxis.label, ax.yaxis.label) if t.get_text()]
+        texts += [t for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+        assert texts and min(t.get_fontsize() for t in texts) >= 9
+    plt.close("all")
