@@ -8,8 +8,17 @@ import torch
 
 from energyformer import build_model
 from energyformer.cli import main
-from energyformer.inspect.energy import (DPI, descent_guarantee, energy_report, energy_trend, format_inspect,
-                                         heatmap_figure, plot_report, report_from_trace, steps_figure)
+from energyformer.inspect.energy import (
+    DPI,
+    descent_guarantee,
+    energy_report,
+    energy_trend,
+    format_inspect,
+    heatmap_figure,
+    plot_report,
+    report_from_trace,
+    steps_figure,
+)
 
 NRGPT = {"arch": "nrgpt", "vocab_size": 11, "d_model": 16, "n_heads": 2, "n_steps": 3, "block_size": 16,
          "eta_param": "c_diag_gamma"}
