@@ -158,6 +158,23 @@ def test_lr_sweep_extends_past_an_edge(tmp_path, monkeypatch):
     assert got["best_lr"] == 3e-3 and got["lrs"] == [1e-3, 3e-3, 1e-2]  # no edge: no extension
 
 
+
+def test_lr_sweep_extends_downward_past_the_lower_edge(tmp_path, monkeypatch):
+    """The best LR at the bottom of the grid: one more value below (never above); it stops once that loses."""
+    ctx = Context("x", work_dir=tmp_path, results_dir=tmp_path / "r", verbose=False)
+    losses = {1e-5: 9.0, 3e-5: 2.1, 1e-4: 2.0, 3e-4: 2.2, 1e-3: 2.5, 3e-3: 3.0}
+    asked = []
+
+    def fake(ctx, name, cfg, **kw):
+        asked.append(cfg["lr"])
+        return {"final_val_loss": losses[cfg["lr"]]}
+
+    monkeypatch.setattr(common, "train_or_resume", fake)
+    got = lr_sweep(ctx, "fam", lambda lr, steps: {"lr": lr}, (3e-4, 1e-3, 3e-3), 10)
+    assert got["lrs"] == [3e-5, 1e-4, 3e-4, 1e-3, 3e-3] and got["best_lr"] == 1e-4
+    assert asked == [3e-4, 1e-3, 3e-3, 1e-4, 3e-5] and 1e-5 not in asked and 1e-2 not in asked
+
+
 def test_same_config_ignores_run_time_options_only(tmp_path):
     from energyformer.runs.config import load_config, save_config
 
