@@ -90,6 +90,25 @@ def test_dataset_floors_cached_beside_the_data(tmp_path):
     assert dataset_floors(data)["bigram"] == pytest.approx(res["bigram"])
 
 
+def test_dataset_floors_recomputed_for_other_data_of_the_same_size(tmp_path):
+    """Re-prepared data with the same split sizes but other tokens (a new sha256 in meta.json) is not
+    served the cached floors of the old data (issue 28 item 5: only a changed length was tested)."""
+    import hashlib
+
+    data = make_data_dir(tmp_path / "tiny")
+    before = dataset_floors(data)
+    val = np.fromfile(data / "val.bin", dtype=np.uint16)
+    other = val[::-1].copy()  # the same size, other tokens
+    (data / "val.bin").write_bytes(other.tobytes())
+    meta = json.loads((data / "meta.json").read_text())
+    meta["val_sha256"] = hashlib.sha256(other.tobytes()).hexdigest()
+    (data / "meta.json").write_text(json.dumps(meta))
+    after = dataset_floors(data)
+    train = np.fromfile(data / "train.bin", dtype=np.uint16)
+    assert after["bigram"] == pytest.approx(count_model_losses(train, other, meta["vocab_size"])["bigram"])
+    assert after["bigram"] != pytest.approx(before["bigram"])
+
+
 def test_dataset_floors_of_listops_hold_the_generator_floor(tmp_path):
     out = prepare_task_data("listops", out_root=tmp_path, n_train=400, n_val=200, n_test=20)
     res = dataset_floors(out)["listops"]
