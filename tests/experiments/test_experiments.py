@@ -141,10 +141,9 @@ def test_lr_sweep_picks_lowest_and_a_diverged_run_loses(tmp_path, monkeypatch):
     assert "diverged" in common.sweep_table([got])
 
 
-def test_lr_sweep_extends_past_an_edge(tmp_path, monkeypatch):
-    """The best LR at the top of the grid: one more value above; it stops once that loses."""
+def _sweep_with_losses(tmp_path, monkeypatch, losses, grid):
+    """``lr_sweep`` over ``grid`` with the final losses ``losses`` (lr → loss); returns (result, LRs asked)."""
     ctx = Context("x", work_dir=tmp_path, results_dir=tmp_path / "r", verbose=False)
-    losses = {1e-4: 3.0, 3e-4: 2.5, 1e-3: 2.2, 3e-3: 2.0, 1e-2: 2.1, 3e-2: 9.0}
     asked = []
 
     def fake(ctx, name, cfg, **kw):
@@ -152,25 +151,22 @@ def test_lr_sweep_extends_past_an_edge(tmp_path, monkeypatch):
         return {"final_val_loss": losses[cfg["lr"]]}
 
     monkeypatch.setattr(common, "train_or_resume", fake)
-    got = lr_sweep(ctx, "fam", lambda lr, steps: {"lr": lr}, (3e-4, 1e-3, 3e-3), 10)
-    assert got["best_lr"] == 3e-3 and got["lrs"] == [3e-4, 1e-3, 3e-3, 1e-2] and 3e-2 not in asked
-    got = lr_sweep(ctx, "fam", lambda lr, steps: {"lr": lr}, (1e-3, 3e-3, 1e-2), 10)
-    assert got["best_lr"] == 3e-3 and got["lrs"] == [1e-3, 3e-3, 1e-2]  # no edge: no extension
+    return lr_sweep(ctx, "fam", lambda lr, steps: {"lr": lr}, grid, 10), asked
 
+
+def test_lr_sweep_extends_past_an_edge(tmp_path, monkeypatch):
+    """The best LR at the top of the grid: one more value above; it stops once that loses."""
+    losses = {1e-4: 3.0, 3e-4: 2.5, 1e-3: 2.2, 3e-3: 2.0, 1e-2: 2.1, 3e-2: 9.0}
+    got, asked = _sweep_with_losses(tmp_path, monkeypatch, losses, (3e-4, 1e-3, 3e-3))
+    assert got["best_lr"] == 3e-3 and got["lrs"] == [3e-4, 1e-3, 3e-3, 1e-2] and 3e-2 not in asked
+    got, _ = _sweep_with_losses(tmp_path, monkeypatch, losses, (1e-3, 3e-3, 1e-2))
+    assert got["best_lr"] == 3e-3 and got["lrs"] == [1e-3, 3e-3, 1e-2]  # no edge: no extension
 
 
 def test_lr_sweep_extends_downward_past_the_lower_edge(tmp_path, monkeypatch):
     """The best LR at the bottom of the grid: one more value below (never above); it stops once that loses."""
-    ctx = Context("x", work_dir=tmp_path, results_dir=tmp_path / "r", verbose=False)
     losses = {1e-5: 9.0, 3e-5: 2.1, 1e-4: 2.0, 3e-4: 2.2, 1e-3: 2.5, 3e-3: 3.0}
-    asked = []
-
-    def fake(ctx, name, cfg, **kw):
-        asked.append(cfg["lr"])
-        return {"final_val_loss": losses[cfg["lr"]]}
-
-    monkeypatch.setattr(common, "train_or_resume", fake)
-    got = lr_sweep(ctx, "fam", lambda lr, steps: {"lr": lr}, (3e-4, 1e-3, 3e-3), 10)
+    got, asked = _sweep_with_losses(tmp_path, monkeypatch, losses, (3e-4, 1e-3, 3e-3))
     assert got["lrs"] == [3e-5, 1e-4, 3e-4, 1e-3, 3e-3] and got["best_lr"] == 1e-4
     assert asked == [3e-4, 1e-3, 3e-3, 1e-4, 3e-5] and 1e-5 not in asked and 1e-2 not in asked
 
