@@ -201,8 +201,9 @@ def test_bench_depth_quick_memory_is_flat_in_the_depth_for_a_fixed_k(bench, tmp_
         at = {d: rows[family, d] for d in (2, 4, 8)}
         assert at[2]["truncated_saved_mb"] == at[2]["full_saved_mb"]  # k = depth: nothing truncated
         # equal up to a storage address reused by chance (the embeddings' saved ids are freed once the
-        # truncation cuts them off, and the count is by address): a few hundred bytes
-        assert at[8]["truncated_saved_mb"] == pytest.approx(at[4]["truncated_saved_mb"], rel=1e-3)
+        # truncation cuts them off, and the count is by address): a few hundred bytes (up to 0.12% seen
+        # on a clean checkout), far below the full graph's growth with depth checked next
+        assert at[8]["truncated_saved_mb"] == pytest.approx(at[4]["truncated_saved_mb"], rel=1e-2)
         assert at[8]["full_saved_mb"] > 1.5 * at[4]["full_saved_mb"]
         assert at[8]["truncated_over_full"] == pytest.approx(at[8]["truncated_saved_mb"] / at[8]["full_saved_mb"])
     assert _goals(data["rows"]) == {"k=2: memory at depth 8 / depth 4"}
