@@ -46,19 +46,41 @@ def config_from_dict(d: dict[str, Any]) -> ModelConfig:
     return cfg_cls.from_dict(d)
 
 
+def given_fields(cfg: ModelConfig) -> dict[str, Any]:
+    """``cfg.to_dict()`` without the fields its config class derived: a field whose dataclass default
+    is ``None`` (filled in from other fields, e.g. ``d_ff`` from ``d_model``) and whose value is what
+    the class derives when it is left out. Building a config from the result with other values of
+    the fields it derives from re-derives them (a value equal to the derived one counts as derived)."""
+    from dataclasses import MISSING, fields
+
+    d = cfg.to_dict()
+    for f in fields(cfg):
+        if f.default is None and f.default_factory is MISSING and d.get(f.name) is not None:
+            trial = {k: v for k, v in d.items() if k != f.name}
+            try:
+                derived = getattr(type(cfg).from_dict(trial), f.name)
+            except ValueError:
+                continue
+            if derived == d[f.name]:
+                d.pop(f.name)
+    return d
+
+
 def build_model(spec: ModelConfig | dict[str, Any], **overrides: Any) -> nn.Module:
     """Build a freshly initialized model from a model config or a dict with an ``arch`` key.
 
     The implementation behind the one public entry point, ``energyformer.build_model`` (which
     also reads YAML recipes); inside the package, code below ``runs/`` builds models here.
 
-    ``overrides`` replace model config fields, e.g. ``build_model(cfg, vocab_size=65, n_steps=6)``.
+    ``overrides`` replace model config fields, e.g. ``build_model(cfg, vocab_size=65, n_steps=6)``;
+    fields the config derived from others (``d_ff``, ``head_dim``, …: :func:`given_fields`) are
+    derived again from the overridden values, as a fresh config would.
 
     Raises:
         ValueError: unknown arch or config keys, invalid values.
     """
     if isinstance(spec, ModelConfig):
-        spec = spec.to_dict()
+        spec = given_fields(spec) if overrides else spec.to_dict()
     if isinstance(spec, dict):
         spec = config_from_dict({**spec, **overrides})
     if not isinstance(spec, ModelConfig):

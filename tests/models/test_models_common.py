@@ -171,3 +171,17 @@ def test_bad_targets_and_generate_guards(arch, kw):
         next(model.parameters()).fill_(float("nan"))
     with pytest.raises(ValueError, match="non-finite logits"):
         model.generate(idx, max_new_tokens=1)
+
+
+@pytest.mark.parametrize("arch", ["nrgpt", "gpt", "gpt_rec", "llama", "cem"])
+def test_build_model_overrides_rederive_the_derived_fields(arch):
+    """Issue 28 item 2: ``build_model(cfg, d_model=128)`` gives the config a fresh ``d_model=128`` config
+    would have (``d_ff``, ``head_dim`` derived again), while a value given explicitly stays."""
+    from energyformer.models.registry import build_model, config_from_dict
+
+    small = config_from_dict({"arch": arch, "vocab_size": 65, "d_model": 64, "n_heads": 4})
+    fresh = config_from_dict({"arch": arch, "vocab_size": 65, "d_model": 128, "n_heads": 4})
+    got = build_model(small, d_model=128).config
+    assert got.to_dict() == fresh.to_dict()
+    explicit = config_from_dict({"arch": arch, "vocab_size": 65, "d_model": 64, "n_heads": 4, "d_ff": 100})
+    assert build_model(explicit, d_model=128).config.d_ff == 100
