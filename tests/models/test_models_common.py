@@ -185,3 +185,25 @@ def test_build_model_overrides_rederive_the_derived_fields(arch):
     assert got.to_dict() == fresh.to_dict()
     explicit = config_from_dict({"arch": arch, "vocab_size": 65, "d_model": 64, "n_heads": 4, "d_ff": 100})
     assert build_model(explicit, d_model=128).config.d_ff == 100
+
+
+RECURRENT_CASES = [(a, kw) for a, kw in CASES if a in ("gpt_rec", "nrgpt", "cem") and not kw.get("per_step_scale")]
+
+
+@pytest.mark.parametrize("arch,kw", RECURRENT_CASES, ids=[f"{a}-{i}" for i, (a, _) in enumerate(RECURRENT_CASES)])
+def test_causality_at_another_depth_and_with_truncated_backprop(arch, kw):
+    """The call-time options of the recurrent families (``n_steps`` other than trained, and
+    ``backprop_steps``, which must not change the forward) keep every model causal."""
+    model = make(arch, kw)
+    _perturb_all_weights(model)
+    g = torch.Generator().manual_seed(3)
+    idx = torch.randint(0, V, (2, BLOCK), generator=g)
+    logits, _ = model(idx, n_steps=4)
+    truncated, _ = model(idx, n_steps=4, backprop_steps=1)
+    torch.testing.assert_close(truncated, logits, rtol=0, atol=1e-6)  # the forward is the same
+    for i in (0, BLOCK - 2):
+        changed = idx.clone()
+        changed[:, i + 1:] = torch.randint(0, V, changed[:, i + 1:].shape, generator=g)
+        logits2, _ = model(changed, n_steps=4, backprop_steps=1)
+        torch.testing.assert_close(logits2[:, : i + 1], logits[:, : i + 1], rtol=0, atol=1e-5)
+        assert not torch.allclose(logits2[:, i + 1:], logits[:, i + 1:])
