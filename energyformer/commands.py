@@ -616,7 +616,7 @@ def inspect_energy(run_dir: str, prompt: str = "\n", out: str | None = None, n_s
     Args:
         run_dir: run directory of a trained energy model, or zoo:NAME.
         prompt: the text to trace (default: a newline).
-        out: output folder (default RUN_DIR/inspect).
+        out: output folder (default RUN_DIR/inspect; for zoo:NAME inspect/NAME under the working directory).
         n_steps: NRGPT: descent steps at inference (default: as trained).
         stop_tol: NRGPT: per-token early stopping tolerance.
         device: auto (CUDA when available, else the CPU), cpu, cuda, cuda:N or mps.

@@ -543,7 +543,7 @@ def convergence(run_dir: Path) -> dict[str, Any]:
     error (nats per 1,000 steps), the fitted drop across the window as a share of the loss with its 95%
     interval, and the verdict of :func:`energyformer.experiments.stats.plateau_test` (``"yes"``: the
     interval lies within ± :data:`PLATEAU_REL`; ``"no"``: its lower bound is a drop over it;
-    ``"rising"``: its upper bound is a rise over it; ``"unclear"``: too noisy to tell). ``converged``
+    ``"rising"``: its upper bound is a rise over it; ``"unclear"``: it straddles a bound). ``converged``
     is ``verdict == "yes"``; every value is ``None`` with fewer than 3 evaluations in the window."""
     train = read_run_config(run_dir).to_dict()["train"]
     end = stable_end(train)
@@ -560,8 +560,8 @@ def convergence(run_dir: Path) -> dict[str, Any]:
 #: how every table's "converged" column reads (docs/experiments.md §1)
 CONVERGED_NOTE = ("Converged: the 95% interval of the fitted change of the val loss over the last 30% of the steps "
                   "before the cooldown lies within ±1% of the loss (yes), is a drop beyond 1% (no: still falling), "
-                  "a rise beyond 1% (rising) or none of these (unclear: too noisy to tell); with the slope ± its "
-                  "standard error per 1k steps.")
+                  "a rise beyond 1% (rising) or none of these (unclear: the interval straddles a ±1% bound); with the "
+                  "slope ± its standard error per 1k steps; – with fewer than 3 evaluations in the window.")
 
 
 def converged_cell(convs: Sequence[Mapping[str, Any]]) -> str:

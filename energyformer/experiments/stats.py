@@ -82,7 +82,7 @@ def plateau_test(steps: Sequence[float], vals: Sequence[float], width: float,
     - ``"no"``: the lower bound of the drop is at least ``threshold · L`` (still falling);
     - ``"rising"``: the upper bound of the drop is at most ``−threshold · L`` (the loss rises: past its
       best, e.g. overfitting);
-    - ``"unclear"``: anything else (too noisy to tell; never converged).
+    - ``"unclear"``: anything else (the interval straddles a bound; never converged).
 
     Args:
         steps, vals: the evaluations inside the window (at least 3).

@@ -90,7 +90,11 @@ class EnergyformerForCausalLM(EnergyformerPreTrainedModel, GenerationMixin):
         model_kwargs["cache"] = self.model.new_cache()
 
     def get_input_embeddings(self) -> torch.nn.Module:
-        return getattr(self.model, "wte", None) or self.model.embed_tokens
+        # Llama-style models name theirs by their class's embed_name (CEM: "embed"); GPT-style: wte
+        for name in (getattr(self.model, "embed_name", None), "wte", "embed_tokens"):
+            if name and isinstance(getattr(self.model, name, None), torch.nn.Embedding):
+                return getattr(self.model, name)
+        raise AttributeError(f"{type(self.model).__name__} has no token embedding")
 
     def get_output_embeddings(self) -> torch.nn.Module:
         return self.model.lm_head

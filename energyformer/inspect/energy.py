@@ -324,7 +324,7 @@ def inspect_run(run_dir: str | Path, prompt: str, out_dir: str | Path, n_steps: 
     files = plot_report(report, tokens, out_dir)
     out = {"run": str(run_dir), "arch": run_cfg.model.arch, "prompt": prompt, "tokens": tokens,
            "dropped_tokens": n_prompt - len(ids), "block_size": block, **report,
-           "files": [p.name for p in files] + ["trace.json"]}
+           "files": [p.name for p in files] + ["trace.json"], "out_dir": str(out_dir)}
     atomic_write_json(Path(out_dir) / "trace.json", out)
     return out
 
@@ -334,7 +334,8 @@ def format_inspect(report: dict[str, Any]) -> str:
     then per block the mean energy per term at the first and last step, whether it fell at every
     step or rose (:func:`energy_trend`), and the mean cos."""
     n = len(report["tokens"])
-    lines = [f"{report['arch']} on {n} token{'s' if n != 1 else ''}; wrote {', '.join(report['files'])}"]
+    where = f" in {report['out_dir']}" if report.get("out_dir") else ""
+    lines = [f"{report['arch']} on {n} token{'s' if n != 1 else ''}; wrote {', '.join(report['files'])}{where}"]
     if report.get("dropped_tokens"):
         lines.insert(0, f"warning: the prompt has {report['dropped_tokens'] + n} tokens, more than the model's "
                         f"block_size={report['block_size']}: traced its last {n}, the first "

@@ -46,6 +46,9 @@ def test_export_reproduces_our_logits_and_tokenizer(tmp_path, arch):
     x = torch.tensor([ids])
     with torch.no_grad():
         torch.testing.assert_close(model(x).logits, _ours(run)(x)[0], atol=0, rtol=0)
+    emb = model.get_input_embeddings()  # what resize_token_embeddings and other HF tools call
+    assert isinstance(emb, torch.nn.Embedding) and emb.num_embeddings == len(CHARS)
+    assert model.get_output_embeddings().out_features == len(CHARS)
     assert json.loads((out / "generation_config.json").read_text())["use_cache"] is True
 
 
