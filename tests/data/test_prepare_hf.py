@@ -116,6 +116,28 @@ def test_an_interrupted_prepare_resumes_after_its_finished_shards(tmp_path, monk
     assert encoded == DOCS and load_meta(part)["val_fraction"] == 0.2
 
 
+def test_a_finished_shard_changed_in_place_is_not_reused(tmp_path, monkeypatch):
+    """A resumed prepare checks each finished shard's sha256, not only that it exists: a shard of the
+    same size with other bytes is tokenized again (as is a missing one)."""
+    src = _jsonl(tmp_path / "c.jsonl")
+    whole = _prep(tmp_path, src, "whole", shard_documents=5)
+    for damage in ("same size, other bytes", "missing"):
+        _interrupted(tmp_path, monkeypatch, src, damage, 5)
+        shard = tmp_path / damage / "shards" / "00000.bin"
+        if damage == "missing":
+            shard.unlink()
+        else:
+            ids = np.fromfile(shard, dtype=np.uint16)
+            shard.write_bytes(ids[::-1].copy().tobytes())  # the same size, the tokens reversed
+        encoded = []
+        real_encode = hf_corpus._encode_documents
+        monkeypatch.setattr(hf_corpus, "_encode_documents", lambda texts: encoded.extend(texts) or real_encode(texts))
+        out = _prep(tmp_path, src, damage, shard_documents=5)
+        monkeypatch.undo()
+        assert encoded == DOCS, damage  # started over
+        assert _same_files(out, whole), damage
+
+
 def test_shards_of_other_settings_are_not_reused(tmp_path, monkeypatch):
     src = _jsonl(tmp_path / "c.jsonl")
     fresh = _prep(tmp_path, src, "fresh", shard_documents=7)
