@@ -59,7 +59,7 @@ from energyformer.runs.rundir import (
     write_run_files,
 )
 from energyformer.runs.weights import save_weights
-from energyformer.utils.io import atomic_write_json
+from energyformer.utils.io import atomic_write_json, usual_mode
 
 #: ``as_`` values of :func:`export_run`
 EXPORT_FORMATS = ("energyformer", "llama", "gpt2")
@@ -183,6 +183,9 @@ def export_run(run_dir: str | Path, to: str | Path, as_: str = "energyformer", p
     with progress_bars(progress):
         hf.eval().save_pretrained(to)
         tokenizer.save_pretrained(to)
+    for f in to.iterdir():  # safetensors writes 0600; an export is for others to read
+        if f.is_file():
+            usual_mode(f)
     if remote_code:
         write_remote_code(c.arch, to)
     write_model_card(to, run_dir, model, run_cfg, meta, find_checkpoint(run_dir) or {}, as_, remote_code,

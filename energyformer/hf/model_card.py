@@ -7,6 +7,7 @@ the last and best validation loss of ``metrics.jsonl``).
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,21 @@ def _losses(run_dir: Path) -> dict[str, Any]:
     return out
 
 
+def _fixed_evaluation(run_dir: Path) -> str | None:
+    """The fixed evaluation of an experiment run (``final_eval.json``) or of a zoo entry (``zoo.json``'s
+    ``metric``), as one line; None when the run has neither."""
+    for name, key in (("final_eval.json", None), ("zoo.json", "metric")):
+        path = Path(run_dir) / name
+        if path.is_file():
+            rec = json.loads(path.read_text(encoding="utf-8"))
+            rec = rec.get(key) if key else rec
+            if isinstance(rec, dict) and rec.get("value") is not None:
+                what = rec.get("name") or f"{rec.get('metric', 'loss')} (whole validation split)"
+                tokens = f" over {rec['tokens']:,} tokens" if isinstance(rec.get("tokens"), int) else ""
+                return f"{what} {rec['value']:.4f}{tokens}"
+    return None
+
+
 def model_card(run_dir: Path, model: Any, run_cfg: Any, meta: dict[str, Any], marker: dict[str, Any],
                as_: str, remote_code: bool, progress: dict[str, Any] | None = None) -> str:
     """The Markdown text of the card of ``run_dir`` exported ``as_`` (``"energyformer"``, ``"llama"``, ``"gpt2"``);
@@ -59,7 +75,12 @@ def model_card(run_dir: Path, model: Any, run_cfg: Any, meta: dict[str, Any], ma
               f"- parameters: {n_params:,}",
               f"- data: `{source}`, tokenizer `{meta.get('tokenizer')}` ({meta.get('vocab_size')} ids), "
               f"{meta.get('n_train', 0):,} train / {meta.get('n_val', 0):,} validation tokens",
-              f"- best validation loss (checkpoint): {marker.get('best_val_loss')}"]
+              ]
+    if marker.get("best_val_loss") is not None:
+        lines.append(f"- best validation loss (checkpoint): {marker['best_val_loss']:.4f}")
+    evaluation = _fixed_evaluation(run_dir)
+    if evaluation is not None:
+        lines.append(f"- fixed evaluation: {evaluation}")
     for key, (step, value) in losses.items():
         lines.append(f"- {key.replace('_', ' ')}: {value:.4f} (step {step})")
     lines += ["", "## Run config (the run's `config.yaml`)", "", "```yaml",

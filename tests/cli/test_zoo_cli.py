@@ -1,5 +1,8 @@
 """`energyformer zoo` and `zoo:NAME` as the RUN of sample, inspect and export, from any working
 directory, with outputs that never go into the package."""
+import json
+import stat
+
 import pytest
 
 from energyformer.cli import main
@@ -25,7 +28,12 @@ def test_sample_inspect_export_take_a_zoo_entry(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "inspect" / "nrgpt_shakespeare_char" / "trace.json").is_file()  # not inside the package
     pytest.importorskip("transformers")
     assert main(["export", "zoo:cem_t2_shakespeare_char"]) == 0
-    assert (tmp_path / "hf" / "cem_t2_shakespeare_char" / "config.json").is_file()
+    out = tmp_path / "hf" / "cem_t2_shakespeare_char"
+    assert (out / "config.json").is_file()
+    card = (out / "README.md").read_text(encoding="utf-8")
+    value = json.loads((zoo_root() / "cem_t2_shakespeare_char" / "zoo.json").read_text())["metric"]["value"]
+    assert "fixed evaluation: " in card and f"{value:.4f}" in card and "None" not in card  # the entry's metric
+    assert all(stat.S_IMODE(f.stat().st_mode) & 0o044 == 0o044 for f in out.iterdir())  # readable by others
     assert sorted(p.name for p in (zoo_root() / "nrgpt_shakespeare_char").iterdir()) == before
 
 
