@@ -154,11 +154,12 @@ def _sweep_with_losses(tmp_path, monkeypatch, losses, grid):
     return lr_sweep(ctx, "fam", lambda lr, steps: {"lr": lr}, grid, 10), asked
 
 
-def test_lr_sweep_extends_past_an_edge(tmp_path, monkeypatch):
-    """The best LR at the top of the grid: one more value above; it stops once that loses."""
+def test_lr_sweep_extends_upward_past_the_upper_edge(tmp_path, monkeypatch):
+    """The best LR at the top of the grid: one more value above (never below); it stops once that loses."""
     losses = {1e-4: 3.0, 3e-4: 2.5, 1e-3: 2.2, 3e-3: 2.0, 1e-2: 2.1, 3e-2: 9.0}
     got, asked = _sweep_with_losses(tmp_path, monkeypatch, losses, (3e-4, 1e-3, 3e-3))
-    assert got["best_lr"] == 3e-3 and got["lrs"] == [3e-4, 1e-3, 3e-3, 1e-2] and 3e-2 not in asked
+    assert got["best_lr"] == 3e-3 and got["lrs"] == [3e-4, 1e-3, 3e-3, 1e-2]
+    assert asked == [3e-4, 1e-3, 3e-3, 1e-2] and 3e-2 not in asked and 1e-4 not in asked
     got, _ = _sweep_with_losses(tmp_path, monkeypatch, losses, (1e-3, 3e-3, 1e-2))
     assert got["best_lr"] == 3e-3 and got["lrs"] == [1e-3, 3e-3, 1e-2]  # no edge: no extension
 
