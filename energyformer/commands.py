@@ -670,7 +670,7 @@ def evaluate(run_dir: str, tasks: str = "mmlu_dev,val_loss", out: str | None = N
         out = str(Path("eval") / f"{entry}.json")
     return evaluate_run(run_dir, tasks, out=out, num_fewshot=num_fewshot, batch_size=batch_size, limit=limit,
                         include_path=include_path, device=device, n_steps=n_steps,
-                        progress=False if quiet else None)
+                        progress=False if quiet else None, name=f"zoo:{entry}" if entry else None)
 
 
 def format_eval(report: dict[str, Any]) -> str:

@@ -157,7 +157,7 @@ def _disable(progress: bool | None) -> bool | None:
 def evaluate_run(run_dir: str | Path, tasks: str | Sequence[str] = BUILTIN_TASKS, out: str | Path | None = None,
                  num_fewshot: int = 4, batch_size: int = 8, limit: int | None = None,
                  include_path: str | None = None, device: str = "auto", n_steps: int | None = None,
-                 progress: bool | None = None) -> dict[str, Any]:
+                 progress: bool | None = None, name: str | None = None) -> dict[str, Any]:
     """Evaluate a run on ``tasks``; write ``out`` (``.json``, and the Markdown table beside it as ``.md``).
 
     Args:
@@ -173,6 +173,8 @@ def evaluate_run(run_dir: str | Path, tasks: str | Sequence[str] = BUILTIN_TASKS
         n_steps: NRGPT / recurrent GPT: descent steps at evaluation (default: as trained).
         progress: on stderr, a line per task as it starts and ends (with its time) and progress
             bars; ``None``: the lines, and the bars on a terminal only; ``False``: nothing.
+        name: how the report names the run (``"run"``; default: ``run_dir``), e.g. ``zoo:NAME`` for a
+            model that ships with the package.
 
     Returns:
         the report: ``{"run", "tasks": {name: results}}``.
@@ -194,17 +196,17 @@ def evaluate_run(run_dir: str | Path, tasks: str | Sequence[str] = BUILTIN_TASKS
         raise FileNotFoundError(f"run directory {str(run_dir)!r} does not exist")
     if find_checkpoint(run_dir) is None:
         raise ValueError(f"run {str(run_dir)!r} is incomplete: it holds no complete checkpoint yet")
-    report: dict[str, Any] = {"run": str(run_dir), "tasks": {}}
+    report: dict[str, Any] = {"run": name or str(run_dir), "tasks": {}}
     lm = harness.EnergyformerLM(run=str(run_dir), batch_size=batch_size, device=device, n_steps=n_steps,
                                 progress=progress)
     say: Callable[[str], None] = (lambda msg: None) if progress is False else (
         lambda msg: tqdm.write(msg, file=sys.stderr))
-    for i, name in enumerate(names, 1):
-        say(f"eval {name} ({i}/{len(names)}): started")
+    for i, task in enumerate(names, 1):
+        say(f"eval {task} ({i}/{len(names)}): started")
         start = time.perf_counter()
-        report["tasks"][name] = _run_task(name, lm, run_dir, num_fewshot, limit, include_path, device, progress,
+        report["tasks"][task] = _run_task(task, lm, run_dir, num_fewshot, limit, include_path, device, progress,
                                           manager)
-        say(f"eval {name} ({i}/{len(names)}): done in {time.perf_counter() - start:.1f} s")
+        say(f"eval {task} ({i}/{len(names)}): done in {time.perf_counter() - start:.1f} s")
     out = Path(out) if out is not None else run_dir / "eval.json"
     atomic_write_json(out, report)
     atomic_write_text(out.with_suffix(".md"), format_report(report) + "\n")

@@ -41,3 +41,13 @@ def test_a_mistyped_zoo_entry_is_one_error_line(capsys):
     assert main(["sample", "zoo:cem_t2", "--prompt", "x"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "did you mean zoo:cem_t2_shakespeare_char?" in err
+
+
+def test_eval_of_a_zoo_entry_names_it_and_writes_under_the_working_directory(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("lm_eval")
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", "zoo:nrgpt_shakespeare_char", "--tasks", "mmlu_dev", "--limit", "1", "--num_fewshot", "0",
+                 "--quiet", "--device", "cpu"]) == 0
+    report = json.loads((tmp_path / "eval" / "nrgpt_shakespeare_char.json").read_text())
+    assert report["run"] == "zoo:nrgpt_shakespeare_char"  # not the package's folder
+    assert capsys.readouterr().out.startswith("**zoo:nrgpt_shakespeare_char**")
