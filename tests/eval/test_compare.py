@@ -79,6 +79,17 @@ def test_every_line_is_labelled_and_x_is_tokens_seen(tmp_path):
     assert [list(ln.get_xdata()) for ln in steps.get_lines()][0] == [10, 20]
 
 
+def test_the_tokens_column_counts_every_rank(tmp_path):
+    """``tokens`` = steps × batch_size × grad_accum_steps × block_size × world_size: a run on two
+    ranks saw twice the tokens of the same config on one (the curves' x axis counts the same)."""
+    one = _run(tmp_path, "one", train={"batch_size": 8, "grad_accum_steps": 2})
+    two = _run(tmp_path, "two", train={"batch_size": 8, "grad_accum_steps": 2}, world_size=2)
+    rows = compare_runs([one, two])
+    assert [r["tokens"] for r in rows] == [20 * 8 * 2 * 16, 20 * 8 * 2 * 16 * 2]
+    lines = {ln.get_label(): ln for ln in curves_figure([two]).axes[0].get_lines()}
+    assert lines["two val"].get_xdata()[-1] == rows[1]["tokens"]
+
+
 def test_many_runs_legend_is_outside_the_axes(tmp_path):
     runs = [_run(tmp_path, f"run{i:02d}") for i in range(12)]
     fig = curves_figure(runs)
