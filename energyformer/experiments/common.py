@@ -120,6 +120,7 @@ class Context:
     pending: dict[str, dict[str, Any]] = field(default_factory=dict)
     rescored: set[str] = field(default_factory=set)
     waiting_for_sweep: bool = False
+    said: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         if self.quick:  # never into results/: quick runs test the pipeline
@@ -144,6 +145,13 @@ class Context:
     def say(self, msg: str) -> None:
         if self.verbose:
             print(msg, flush=True)
+
+    def say_once(self, msg: str) -> None:
+        """:meth:`say`, unless this context said ``msg`` already (the ``--jobs`` driver runs the experiment
+        again after each batch of trainings: a reused run or a sweep's choice is announced once)."""
+        if msg not in self.said:
+            self.said.add(msg)
+            self.say(msg)
 
     def seed_list(self, default: int = 3) -> list[int]:
         """``[1 … seeds]`` (``default`` seeds when none were asked for; 1 in quick mode)."""
@@ -301,7 +309,7 @@ def train_or_resume(ctx: Context, run: str, cfg: Mapping[str, Any], require_weig
                                         or (where / DIVERGED_FILE).is_file()):
             if where == out:
                 _save_record(ctx, run)
-            ctx.say(f"  {run}: finished earlier, reusing {where}")
+            ctx.say_once(f"  {run}: finished earlier, reusing {where}")
             return _outcome(ctx, run)
     if ctx.deferred:
         if not ctx.waiting_for_sweep:  # a run configured from a sweep still training is queued next round
@@ -484,7 +492,7 @@ def lr_sweep(ctx: Context, family: str, make_cfg: Callable[[float, int], dict[st
                     "best_lr": best, "pending": True}
     grid = sorted(tried)
     best = min(grid, key=lambda lr: tried[lr])
-    ctx.say(f"  LR sweep {family}: " + ", ".join(f"{lr:g} → {tried[lr]:.4f}" for lr in grid) + f"; using {best:g}")
+    ctx.say_once(f"  LR sweep {family}: " + ", ".join(f"{lr:g} → {tried[lr]:.4f}" for lr in grid) + f"; using {best:g}")
     return {"family": family, "steps": steps, "lrs": grid, "final_val_loss": [tried[lr] for lr in grid],
             "best_lr": best}
 

@@ -31,7 +31,7 @@ def _train_one(ctx_fields: dict[str, Any], run: str, cfg: dict[str, Any], thread
     import torch
 
     torch.set_num_threads(threads)
-    ctx = Context(**{k: v for k, v in ctx_fields.items() if k not in ("pending", "rescored")})
+    ctx = Context(**{k: v for k, v in ctx_fields.items() if k not in ("pending", "rescored", "said")})
     if cfg["train"].get("num_threads") is None:  # an experiment's own thread count (quick mode: 1) stands
         cfg = {**cfg, "train": {**cfg["train"], "num_threads": threads}}
     train_now(ctx, run, cfg)

@@ -121,6 +121,8 @@ def test_rescore_and_jobs_give_the_tables_of_the_fixed_evaluation(tmp_path, caps
     both = run_parallel(module, ctx("w2", jobs=2))
     said = capsys.readouterr().out
     assert "training 3 run(s), 2 at a time" in said and "training 2 run(s), 2 at a time" in said
+    assert said.count("  LR sweep tiny:") == 1  # announced once, not at every barrier
+    assert said.count("sweep_tiny_lr0.003: finished earlier") <= 1
     assert both["table"] == one["table"] and both["best_lr"] == one["best_lr"]
     assert threads_per_job(2, cores=2) == 1 and threads_per_job(3, cores=8) == 2 and threads_per_job(4, cores=2) == 1
     with pytest.raises(ValueError, match="jobs=0 must be >= 1"):
