@@ -39,10 +39,14 @@ import torch.nn.functional as F
 
 from energyformer.energies.heads import (
     apply_rope,
+    attention_path,
     causal_mask,
+    compute_dtype,
+    forced_attention_path,
     merge_heads,
     rope_matrices,
     sdpa_causal_kwargs,
+    softmax_low_precision,
     split_heads,
 )
 from energyformer.energies.silu_antiderivative import silu_antiderivative
@@ -50,7 +54,8 @@ from energyformer.energies.silu_antiderivative import silu_antiderivative
 __all__ = [
     "InteractionContext", "interaction_context", "interaction_energy", "interaction_grad",
     "lowrank_grad", "diag_shared_grad", "diag_shared_grad_sdpa", "diag_shared_grad_dense", "diag_per_head_grad",
-    "diag_only_grad",
+    "diag_per_head_grad_sdpa", "diag_per_head_grad_dense", "diag_only_grad", "diag_only_grad_sdpa",
+    "diag_only_grad_dense",
     "interaction_energy_reference", "interaction_grad_reference",
     "gate_tie_context", "gate_tie_energy", "gate_tie_grad", "up_tie_context", "up_tie_energy", "up_tie_grad",
     "rms_norm_vjp",
@@ -185,17 +190,30 @@ def lowrank_grad(g: torch.Tensor, ctx: InteractionContext, w_q: torch.Tensor, n_
     return _lowrank_out(y, w_q, ctx)
 
 
+def _augmented_width(g: torch.Tensor, w_q: torch.Tensor, n_heads: int) -> int:
+    """Width of an augmented head ``[W^Q_k g ; d_k⊙g]``, padded as :func:`_augmented_grad` pads it."""
+    width = w_q.shape[0] // n_heads + g.shape[-1]
+    return width + (-width % _HEAD_DIM_ALIGN)
+
+
 def diag_shared_grad(g: torch.Tensor, ctx: InteractionContext, w_q: torch.Tensor, diag: torch.Tensor,
                      n_heads: int, tau: float, sdpa: bool | None = None) -> torch.Tensor:
     """``∇_g ε_att`` (B, N, d) of D+LR with one diagonal ``diag`` (d,) for every head (docs/cem.md §4).
 
     ``sdpa=True``: :func:`diag_shared_grad_sdpa` (augmented heads through SDPA, never holds the
     (B, H, N, S) scores); ``False``: :func:`diag_shared_grad_dense` (materialized scores, cheaper in
-    FLOPs); ``None`` (default): SDPA except on the CPU, where the dense path is the faster one and
-    memory is not the limit. Both are exact (equal to rounding, tested).
+    FLOPs); ``None`` (default): the dense path on the CPU (faster there; memory is not the limit)
+    and wherever the augmented heads are wider than the fused CUDA kernels take
+    (:func:`energyformer.energies.heads.attention_path`: ``d_h + d > 256``, e.g. 832 at GPT-2
+    width), SDPA otherwise; inside ``force_attention_path`` the forced one. All exact (equal to
+    rounding, tested).
     """
     if sdpa is None:
-        sdpa = g.device.type != "cpu"
+        forced = forced_attention_path()
+        if forced is not None:
+            sdpa = forced == "sdpa"
+        else:
+            sdpa = g.device.type != "cpu" and attention_path(_augmented_width(g, w_q, n_heads), g.device) == "sdpa"
     fn = diag_shared_grad_sdpa if sdpa else diag_shared_grad_dense
     return fn(g, ctx, w_q, diag, n_heads, tau)
 
@@ -212,28 +230,67 @@ def diag_shared_grad_sdpa(g: torch.Tensor, ctx: InteractionContext, w_q: torch.T
 
 def diag_shared_grad_dense(g: torch.Tensor, ctx: InteractionContext, w_q: torch.Tensor, diag: torch.Tensor,
                            n_heads: int, tau: float) -> torch.Tensor:
-    """:func:`diag_shared_grad` with the (B, H, N, S) scores materialized (the CPU path).
+    """:func:`diag_shared_grad` with the (B, H, N, S) scores materialized (the CPU path, and the
+    CUDA path of augmented heads too wide for the fused kernels).
 
     The diagonal score is head-independent and its update linear in the weights, so
     ``Σ_k d ⊙ Σ_j a^k_ij ĥ_j = d ⊙ Σ_j (Σ_k a^k_ij) ĥ_j``. Every per-element pass over the
     (B, H, N, S) scores costs as much as a small GEMM on CPU, so the scale goes on q and g and the
-    causal −∞ into the head-independent (B, N, S) diagonal scores: one add, then softmax.
+    causal −∞ into the head-independent (B, N, S) diagonal scores: one add, then softmax. The
+    scores are held in the compute dtype (bf16 under autocast; the softmax accumulates in float32).
     """
     scale = 1.0 / tau
-    q, h = _queries(g, w_q, n_heads, ctx), ctx.h
-    sdt = _softmax_dtype(q.dtype)
+    q = _queries(g, w_q, n_heads, ctx)
+    dt = q.dtype
+    h = ctx.h.to(dt)
     allowed = causal_mask(g.shape[1], ctx.length, g.device)
-    bias = ((g * (diag * scale)) @ h.transpose(-1, -2)).to(sdt).masked_fill(~allowed, float("-inf"))
-    s = (q * scale) @ ctx.k.transpose(-1, -2)
-    a = torch.softmax(s.to(sdt) + bias[:, None], dim=-1).to(q.dtype)  # (B, H, N, S)
-    return _lowrank_out(a @ ctx.v, w_q, ctx) + (-diag) * (a.sum(1) @ h)
+    bias = ((g.to(dt) * (diag.to(dt) * scale)) @ h.transpose(-1, -2)).masked_fill(~allowed, float("-inf"))
+    s = (q * scale) @ ctx.k.to(dt).transpose(-1, -2)
+    a = softmax_low_precision(s + bias[:, None])                    # (B, H, N, S)
+    return _lowrank_out(a @ ctx.v.to(dt), w_q, ctx) + (-diag.to(dt)) * (a.sum(1) @ h)
 
 
 def diag_per_head_grad(g: torch.Tensor, ctx: InteractionContext, w_q: torch.Tensor, diag: torch.Tensor,
                        n_heads: int, tau: float) -> torch.Tensor:
     """``∇_g ε_att`` (B, N, d) of D+LR with one diagonal per head, ``diag`` (H, d) (docs/cem.md §4):
-    augmented heads ``[W_Q g ; d_k⊙g]`` / ``[W_K ĥ ; ĥ]`` through SDPA with explicit ``scale=1/τ``."""
+    :func:`diag_per_head_grad_sdpa` (augmented heads through SDPA), or
+    :func:`diag_per_head_grad_dense` (materialized scores) where the augmented heads are wider than
+    the fused CUDA kernels take (:func:`energyformer.energies.heads.attention_path`). Both exact
+    (equal to the per-element reference, tested)."""
+    fn = diag_per_head_grad_sdpa
+    if attention_path(_augmented_width(g, w_q, n_heads), g.device) == "scores":
+        fn = diag_per_head_grad_dense
+    return fn(g, ctx, w_q, diag, n_heads, tau)
+
+
+def diag_per_head_grad_sdpa(g: torch.Tensor, ctx: InteractionContext, w_q: torch.Tensor, diag: torch.Tensor,
+                            n_heads: int, tau: float) -> torch.Tensor:
+    """:func:`diag_per_head_grad` through augmented heads ``[W_Q g ; d_k⊙g]`` / ``[W_K ĥ ; ĥ]`` and
+    one SDPA call with explicit ``scale=1/τ``: (B, N, d)."""
     return _augmented_grad(g, ctx, w_q, diag, n_heads, tau)
+
+
+def diag_per_head_grad_dense(g: torch.Tensor, ctx: InteractionContext, w_q: torch.Tensor, diag: torch.Tensor,
+                             n_heads: int, tau: float) -> torch.Tensor:
+    """:func:`diag_per_head_grad` with the (B, H, N, S) scores ``s^k_ij = q_k·k_k + (d_k⊙g_i)·ĥ_j``
+    materialized in the compute dtype (bf16 under autocast): ``−W_Qᵀ Σ_j a_ij v_j − Σ_k d_k ⊙ Σ_j
+    a^k_ij ĥ_j``, (B, N, d). ``ĥ`` is never expanded over heads (one batched product per term)."""
+    scale = 1.0 / tau
+    q = _queries(g, w_q, n_heads, ctx)
+    dt = q.dtype
+    h, dg = ctx.h.to(dt), diag.to(dt)
+    gd = g.to(dt)[:, None] * (dg * scale)[None, :, None, :]          # (B, H, N, d)
+    s = (q * scale) @ ctx.k.to(dt).transpose(-1, -2) + torch.einsum("bhnd,bsd->bhns", gd, h)
+    a = _masked_softmax_scores(s, g.shape[1], ctx.length)
+    o2 = torch.einsum("bhns,bsd->bhnd", a, h)
+    return _lowrank_out(a @ ctx.v.to(dt), w_q, ctx) + ((-dg)[None, :, None, :] * o2).sum(1)
+
+
+def _masked_softmax_scores(s: torch.Tensor, n: int, length: int) -> torch.Tensor:
+    """Causal softmax over the keys of (B, H, N, S) scores (queries the last N of S), in ``s.dtype``."""
+    if n > 1:
+        s = s.masked_fill(~causal_mask(n, length, s.device), float("-inf"))
+    return softmax_low_precision(s)
 
 
 _HEAD_DIM_ALIGN = 8  # augmented heads are zero-padded to a multiple of this (fused GPU kernels need it)
@@ -245,30 +302,58 @@ def _augmented_grad(g: torch.Tensor, ctx: InteractionContext, w_q: torch.Tensor,
 
     The augmented head dims are zero-padded to a multiple of 8 inside the same concatenation
     (zero query/key features add 0 to the scores, the padded value features are dropped), so the
-    memory-efficient GPU kernel accepts them whatever ``d_h + d`` is.
+    memory-efficient GPU kernel accepts them whatever ``d_h + d`` is. Every piece is cast to the
+    queries' (compute) dtype before ``expand`` / ``cat``, so neither autocast nor ``cat``'s type
+    promotion copies an expanded tensor to float32.
     """
-    q, h = _queries(g, w_q, n_heads, ctx), ctx.h
+    q = _queries(g, w_q, n_heads, ctx)
+    dt = q.dtype
+    h, dg, k = ctx.h.to(dt), diag.to(dt), ctx.k.to(dt)
+    v = k if ctx.v is ctx.k else ctx.v.to(dt)
     b, n, d = g.shape
-    dq, dv = q.shape[-1], ctx.v.shape[-1]
+    dq, dv = q.shape[-1], v.shape[-1]
     pad_k, pad_v = -(dq + d) % _HEAD_DIM_ALIGN, -(dv + d) % _HEAD_DIM_ALIGN
     hk = h[:, None].expand(b, n_heads, ctx.length, d)
-    qa = torch.cat((q, diag[None, :, None, :] * g[:, None], q.new_zeros(b, n_heads, n, pad_k)), dim=-1)
-    ka = torch.cat((ctx.k, hk, hk.new_zeros(b, n_heads, ctx.length, pad_k)), dim=-1)
-    va = ka if (ctx.v is ctx.k and pad_v == pad_k) else torch.cat(
-        (ctx.v, hk, hk.new_zeros(b, n_heads, ctx.length, pad_v)), dim=-1)
+    qa = torch.cat((q, dg[None, :, None, :] * g.to(dt)[:, None], q.new_zeros(b, n_heads, n, pad_k)), dim=-1)
+    ka = torch.cat((k, hk, hk.new_zeros(b, n_heads, ctx.length, pad_k)), dim=-1)
+    va = ka if (v is k and pad_v == pad_k) else torch.cat(
+        (v, hk, hk.new_zeros(b, n_heads, ctx.length, pad_v)), dim=-1)
     o = F.scaled_dot_product_attention(qa, ka, va, **_causal_kwargs(g, ctx), scale=1.0 / tau)
     y, o2 = o[..., :dv], o[..., dv:dv + d]
-    return _lowrank_out(y, w_q, ctx) + ((-diag)[None, :, None, :] * o2).sum(1)
+    return _lowrank_out(y, w_q, ctx) + ((-dg)[None, :, None, :] * o2).sum(1)
 
 
 def diag_only_grad(g: torch.Tensor, ctx: InteractionContext, diag: torch.Tensor, tau: float) -> torch.Tensor:
-    """``∇_g ε_att`` (B, N, d) of per-head diagonals only, ``diag`` (H, d): ``q = d_k ⊙ g``, ``k = v = ĥ``."""
+    """``∇_g ε_att`` (B, N, d) of per-head diagonals only, ``diag`` (H, d): ``q = d_k ⊙ g``, ``k = v = ĥ``.
+
+    :func:`diag_only_grad_sdpa`, or :func:`diag_only_grad_dense` where the heads (``d`` wide) are
+    wider than the fused CUDA kernels take (:func:`energyformer.energies.heads.attention_path`)."""
+    fn = diag_only_grad_dense if attention_path(g.shape[-1], g.device) == "scores" else diag_only_grad_sdpa
+    return fn(g, ctx, diag, tau)
+
+
+def _diag_queries(g: torch.Tensor, ctx: InteractionContext, diag: torch.Tensor):
+    """``(d_k ⊙ g, ĥ, d)`` in the compute dtype: (B, H, N, d), (B, S, d), (H, d)."""
+    dt = compute_dtype(g)
+    dg = diag.to(dt)
+    return dg[None, :, None, :] * g.to(dt)[:, None], ctx.h.to(dt), dg
+
+
+def diag_only_grad_sdpa(g: torch.Tensor, ctx: InteractionContext, diag: torch.Tensor, tau: float) -> torch.Tensor:
+    """:func:`diag_only_grad` as one SDPA call (``ĥ`` cast once, then expanded over heads): (B, N, d)."""
     b, _, d = g.shape
-    n_heads = diag.shape[0]
-    dq = diag[None, :, None, :] * g[:, None]
-    hk = ctx.h[:, None].expand(b, n_heads, ctx.length, d)
+    dq, h, dg = _diag_queries(g, ctx, diag)
+    hk = h[:, None].expand(b, diag.shape[0], ctx.length, d)
     o = F.scaled_dot_product_attention(dq, hk, hk, **_causal_kwargs(g, ctx), scale=1.0 / tau)
-    return ((-diag)[None, :, None, :] * o).sum(1)
+    return ((-dg)[None, :, None, :] * o).sum(1)
+
+
+def diag_only_grad_dense(g: torch.Tensor, ctx: InteractionContext, diag: torch.Tensor, tau: float) -> torch.Tensor:
+    """:func:`diag_only_grad` with the (B, H, N, S) scores materialized in the compute dtype: (B, N, d)."""
+    dq, h, dg = _diag_queries(g, ctx, diag)
+    a = _masked_softmax_scores(torch.einsum("bhnd,bsd->bhns", dq * (1.0 / tau), h), g.shape[1], ctx.length)
+    o = torch.einsum("bhns,bsd->bhnd", a, h)
+    return ((-dg)[None, :, None, :] * o).sum(1)
 
 
 def interaction_grad(g: torch.Tensor, h_ctx: torch.Tensor, w_q: torch.Tensor | None,

@@ -14,12 +14,16 @@ because the CEM energies need them; every layer (GPT, Llama, CEM, NRGPT) imports
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 from energyformer._validate import check_float, check_int
 
 __all__ = ["split_heads", "merge_heads", "rope_cos_sin", "rotate_half", "apply_rope", "rope_matrices",
-           "causal_mask", "sdpa_causal_kwargs"]
+           "causal_mask", "sdpa_causal_kwargs", "FUSED_HEAD_DIM_MAX", "ATTENTION_PATHS", "attention_path",
+           "force_attention_path", "forced_attention_path", "compute_dtype", "softmax_low_precision"]
 
 
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -119,3 +123,65 @@ def sdpa_causal_kwargs(n_query: int, n_key: int, device: torch.device | str | No
     if n_query == 1:
         return {}
     return {"attn_mask": causal_mask(n_query, n_key, device)}
+
+
+# --------------------------------------------------------------------------------------------
+# wide heads: SDPA or materialized scores (docs/gpu.md, "Wide attention heads")
+# --------------------------------------------------------------------------------------------
+#: the widest head (query/key feature count) the fused CUDA SDPA kernels (flash, cuDNN) accept;
+#: a wider one falls to the memory-efficient kernel, which is slow at that width
+FUSED_HEAD_DIM_MAX = 256
+#: the two ways an energy attention is computed: ``"sdpa"`` (one ``scaled_dot_product_attention``
+#: call) or ``"scores"`` (the ``(B, H, N, S)`` scores materialized in the compute dtype)
+ATTENTION_PATHS = ("sdpa", "scores")
+_FORCED_PATH: list[str] = []
+
+
+def forced_attention_path() -> str | None:
+    """The path :func:`force_attention_path` forces here, or ``None`` outside it."""
+    return _FORCED_PATH[-1] if _FORCED_PATH else None
+
+
+def attention_path(head_dim: int, device: torch.device | str) -> str:
+    """The path an energy attention with queries/keys ``head_dim`` wide takes on ``device``:
+    ``"scores"`` on CUDA when ``head_dim > FUSED_HEAD_DIM_MAX`` (NRGPT's full ``J``, whose keys are
+    ``d_model`` wide, and CEM's augmented diagonal heads, ``d_h + d_model`` wide), else ``"sdpa"``;
+    the CPU always keeps SDPA. Inside :func:`force_attention_path` the forced path is returned."""
+    if _FORCED_PATH:
+        return _FORCED_PATH[-1]
+    if torch.device(device).type == "cuda" and head_dim > FUSED_HEAD_DIM_MAX:
+        return "scores"
+    return "sdpa"
+
+
+@contextmanager
+def force_attention_path(path: str) -> Iterator[None]:
+    """Every energy attention inside the block takes ``path`` (``"sdpa"`` or ``"scores"``) whatever
+    its width and device (benchmarks compare the two; FLOP counting uses ``"sdpa"``).
+
+    Raises:
+        ValueError: ``path`` not one of :data:`ATTENTION_PATHS`.
+    """
+    if path not in ATTENTION_PATHS:
+        raise ValueError(f"attention path {path!r} is unknown; expected one of {ATTENTION_PATHS}")
+    _FORCED_PATH.append(path)
+    try:
+        yield
+    finally:
+        _FORCED_PATH.pop()
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a matmul of ``x`` runs in: the autocast dtype when autocast is on for ``x``'s device
+    type, else ``x.dtype``. Casting an operand to it *before* ``expand`` or ``cat`` does the cast
+    once, on the small tensor (autocast would otherwise copy the expanded or promoted result)."""
+    dev = x.device.type
+    if torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return x.dtype
+
+
+def softmax_low_precision(scores: torch.Tensor) -> torch.Tensor:
+    """``softmax`` over the last dim returned in ``scores.dtype`` (bf16 stays bf16 under autocast,
+    which would otherwise return float32; the kernels accumulate in float32 either way)."""
+    return torch.softmax(scores, dim=-1, dtype=scores.dtype)

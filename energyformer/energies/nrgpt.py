@@ -56,7 +56,13 @@ import math
 import torch
 import torch.nn.functional as F
 
-from energyformer.energies.heads import causal_mask, sdpa_causal_kwargs
+from energyformer.energies.heads import (
+    attention_path,
+    causal_mask,
+    compute_dtype,
+    sdpa_causal_kwargs,
+    softmax_low_precision,
+)
 
 _INV_SQRT_2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -166,7 +172,9 @@ def attention_grad(g: torch.Tensor, J: torch.Tensor, alpha: torch.Tensor, beta: 
     _check_strict(strict)
     _check_shapes(g, None, alpha, J.shape[0])
     keys = _full_keys(g, J)                                         # (B, H, N, d)
-    q = g.unsqueeze(1).expand_as(keys)
+    q = g.to(keys.dtype).unsqueeze(1)                               # cast once, then a view over heads
+    if attention_path(keys.shape[-1], g.device) == "sdpa":
+        q = q.expand_as(keys)
     return _sdpa_force(q, keys, alpha, beta, strict, dropout_p, out_weight=None)
 
 
@@ -297,16 +305,25 @@ def _shifted_energy(q: torch.Tensor, keys: torch.Tensor, alpha: torch.Tensor, be
 def _sdpa_force(q: torch.Tensor, k: torch.Tensor, alpha: torch.Tensor, beta: float, strict: bool,
                 dropout_p: float, out_weight: torch.Tensor | None) -> torch.Tensor:
     """``−Σ_h α_h (softmax(β q kᵀ) k)_h [@ out_weight_h]`` ``(B, N, d)`` for queries ``q``
-    ``(B, H, N, e)`` at the last ``N`` of the ``S`` positions of ``k`` ``(B, H, S, e)`` (the values
-    are the keys), under the mask.
+    ``(B, H or 1, N, e)`` at the last ``N`` of the ``S`` positions of ``k`` ``(B, H, S, e)`` (the
+    values are the keys), under the mask.
 
-    One SDPA call with ``is_causal=True`` and no explicit mask whenever ``N = S``, for either mask
-    (the strict one on the shifted stream of :func:`_shift`; token 0 then gets force exactly 0).
+    The path is chosen by :func:`energyformer.energies.heads.attention_path`: one SDPA call with
+    ``is_causal=True`` and no explicit mask whenever ``N = S``, for either mask (the strict one on
+    the shifted stream of :func:`_shift`; token 0 then gets force exactly 0); or, for heads wider
+    than the fused CUDA kernels take (full ``J``: ``e = d``), :func:`_scores_attend`, the same
+    product with the scores materialized in the compute dtype. Both equal the plain reference
+    (tested, float64 and bf16).
     """
     q2, k2, first_empty = _shift(q, k, strict)
     if q2.shape[-2] == 0:                                           # N = 1, strict: nothing to attend
         ctx = k2
+    elif attention_path(k2.shape[-1], q.device) == "scores":
+        ctx = _scores_attend(q2, k2, beta, dropout_p)
     else:
+        q2 = _cast_queries(q2, k2)
+        if q2.shape[1] != k2.shape[1]:
+            q2 = q2.expand(-1, k2.shape[1], -1, -1)
         ctx = F.scaled_dot_product_attention(q2, k2, k2, scale=beta, dropout_p=dropout_p,
                                              **sdpa_causal_kwargs(q2.shape[-2], k2.shape[-2], q.device))
     a = alpha.to(ctx.dtype)
@@ -315,6 +332,41 @@ def _sdpa_force(q: torch.Tensor, k: torch.Tensor, alpha: torch.Tensor, beta: flo
     else:
         force = -torch.einsum("h,bhne,hed->bnd", a, ctx, out_weight.to(ctx.dtype))
     return _pad_first_row(force, first_empty)
+
+
+def _cast_queries(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``q`` in ``k``'s dtype; a query expanded over heads (stride 0, full ``J``) is cast on one head
+    and expanded again, so no ``(B, H, N, e)`` copy is made (autocast inside SDPA would make one)."""
+    if q.dtype == k.dtype:
+        return q
+    if q.dim() == 4 and q.shape[1] > 1 and q.stride(1) == 0:
+        return q[:, :1].to(k.dtype).expand_as(q)
+    return q.to(k.dtype)
+
+
+def _scores_attend(q: torch.Tensor, k: torch.Tensor, beta: float, dropout_p: float) -> torch.Tensor:
+    """``softmax(β q kᵀ + causal) k`` ``(B, H, M, e)`` with the ``(B, H, M, S)`` scores materialized
+    in the compute dtype (bf16 under autocast, softmax accumulated in float32 by the kernel): the
+    path for heads wider than :data:`~energyformer.energies.heads.FUSED_HEAD_DIM_MAX`, where SDPA
+    would fall to the slow memory-efficient kernel. ``q`` ``(B, H or 1, M, e)`` (one head: shared by
+    every head, as full ``J``'s ``g``, without expanding it), ``k`` ``(B, H, S, e)`` (also the values);
+    queries at the last ``M`` of ``S`` positions, inclusive causal mask (the shifted stream)."""
+    dt = compute_dtype(k)
+    k = k.to(dt)
+    if q.shape[1] > 1 and q.stride(1) == 0:                         # expanded over heads: one head is enough
+        q = q[:, :1]
+    q = q.to(dt) * beta                                             # the scale on the (smaller) queries
+    m, s = q.shape[-2], k.shape[-2]
+    if q.shape[1] == 1 and k.shape[1] > 1:
+        scores = torch.einsum("bme,bhse->bhms", q[:, 0], k)
+    else:
+        scores = q @ k.transpose(-2, -1)                           # (B, H, M, S)
+    if m > 1:
+        scores = scores.masked_fill(~causal_mask(m, s, q.device), float("-inf"))
+    p = softmax_low_precision(scores)
+    if dropout_p:
+        p = F.dropout(p, dropout_p)
+    return p @ k
 
 
 # --------------------------------------------------------------------------------------------
@@ -487,14 +539,6 @@ def _outer(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.reshape(-1, a.shape[-1]).T @ b.reshape(-1, b.shape[-1])
 
 
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype the fused functions compute in: the autocast dtype when autocast is on, else x's."""
-    dev = x.device.type
-    if torch.is_autocast_enabled(dev):
-        return torch.get_autocast_dtype(dev)
-    return x.dtype
-
-
 class _FF1Grad(torch.autograd.Function):
     """``F = −2 (σ(z) ⊙ σ'(z)) W``, ``z = g Wᵀ + b`` (row form).
 
@@ -506,7 +550,7 @@ class _FF1Grad(torch.autograd.Function):
 
     @staticmethod
     def forward(g, W, b):
-        dt = _compute_dtype(g)
+        dt = compute_dtype(g)
         with torch.autocast(g.device.type, enabled=False):
             g, W = g.to(dt), W.to(dt)
             b = None if b is None else b.to(dt)
@@ -545,7 +589,7 @@ class _FF2WGrad(torch.autograd.Function):
 
     @staticmethod
     def forward(g, W1, b1, W2, b2):
-        dt = _compute_dtype(g)
+        dt = compute_dtype(g)
         with torch.autocast(g.device.type, enabled=False):
             g, W1, b1, W2, b2 = (None if t is None else t.to(dt) for t in (g, W1, b1, W2, b2))
             s, sp, spp = _gelu_parts(F.linear(g, W1, b1))

@@ -256,10 +256,10 @@ def test_cem_diag_shared_path_is_chosen_by_device(monkeypatch):
     monkeypatch.setattr(C, "diag_shared_grad_sdpa", lambda *a: chosen.append("sdpa"))
     monkeypatch.setattr(C, "diag_shared_grad_dense", lambda *a: chosen.append("dense"))
     for device in ("cpu", "meta"):
-        g = torch.zeros(1, 2, 4, device=device)
-        C.diag_shared_grad(g, None, None, None, 1, 1.0)
-        C.diag_shared_grad(g, None, None, None, 1, 1.0, sdpa=False)
-        C.diag_shared_grad(g, None, None, None, 1, 1.0, sdpa=True)
+        g, w_q = torch.zeros(1, 2, 4, device=device), torch.zeros(4, 4, device=device)
+        C.diag_shared_grad(g, None, w_q, None, 1, 1.0)
+        C.diag_shared_grad(g, None, w_q, None, 1, 1.0, sdpa=False)
+        C.diag_shared_grad(g, None, w_q, None, 1, 1.0, sdpa=True)
     assert chosen == ["dense", "dense", "sdpa", "sdpa", "dense", "sdpa"]
 
 

@@ -1,0 +1,292 @@
+"""Energy attention at head widths the fused CUDA kernels refuse (issue 30; docs/gpu.md, "Wide
+attention heads"): NRGPT's full ``J`` (keys ``d`` wide) and CEM's augmented diagonal heads
+(``d_h + d`` wide) and diagonal-only heads (``d`` wide) take a path that materializes the scores
+in the compute dtype on CUDA; the CPU keeps SDPA.
+
+* the path rule (:func:`energyformer.energies.heads.attention_path`): by width, on CUDA only;
+* every materialized path equals the SDPA path and the plain reference in float64, forward and
+  backward (w.r.t. inputs and weights), with and without a cache; and within a bf16 tolerance of
+  the float64 reference under CPU autocast;
+* under ``torch.autocast('cpu', bfloat16)`` every tensor SDPA receives is already bf16 (autocast
+  copies nothing, in particular no expanded query) and no ``torch.cat`` promotes to float32.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from energyformer.energies import cem as C
+from energyformer.energies import heads
+from energyformer.energies import nrgpt as E
+from energyformer.energies.heads import FUSED_HEAD_DIM_MAX, attention_path, force_attention_path
+
+DT = torch.float64
+TOL = dict(atol=1e-10, rtol=1e-10)
+
+
+def _randn(*shape, gen, scale=1.0, dtype=DT):
+    return (scale * torch.randn(*shape, generator=gen, dtype=DT)).to(dtype)
+
+
+def _same_fwd_bwd(fns, inputs, seed=0, tol=TOL):
+    """Every ``fn(*inputs)`` of ``fns`` equals the first one, and so do their VJPs w.r.t. every input."""
+    outs = []
+    cot = None
+    for fn in fns:
+        xs = [t.detach().clone().requires_grad_(True) for t in inputs]
+        y = fn(*xs)
+        if cot is None:
+            cot = torch.randn(y.shape, generator=torch.Generator().manual_seed(seed), dtype=y.dtype)
+        grads = torch.autograd.grad((y * cot).sum(), xs, allow_unused=True)
+        outs.append((y, [torch.zeros_like(x) if g is None else g for x, g in zip(xs, grads)]))
+    (y0, g0), rest = outs[0], outs[1:]
+    for y, gs in rest:
+        torch.testing.assert_close(y, y0, **tol)
+        for i, (a, b) in enumerate(zip(gs, g0)):
+            torch.testing.assert_close(a, b, **tol, msg=lambda m, i=i: f"input {i}: {m}")
+    return y0
+
+
+def _forced(path, fn):
+    def run(*args):
+        with force_attention_path(path):
+            return fn(*args)
+    return run
+
+
+# ------------------------------------------------------------------------------------ the rule
+def test_path_is_chosen_by_width_on_cuda_only():
+    assert attention_path(FUSED_HEAD_DIM_MAX, "cuda") == "sdpa"
+    assert attention_path(FUSED_HEAD_DIM_MAX + 1, "cuda") == "scores"
+    assert attention_path(832, torch.device("cuda", 0)) == "scores"
+    assert attention_path(832, "cpu") == "sdpa" and attention_path(832, "meta") == "sdpa"
+    with force_attention_path("scores"):
+        assert attention_path(8, "cpu") == "scores"
+        with force_attention_path("sdpa"):
+            assert attention_path(4096, "cuda") == "sdpa"
+        assert heads.forced_attention_path() == "scores"
+    assert heads.forced_attention_path() is None
+    with pytest.raises(ValueError, match="'flash'"):
+        with force_attention_path("flash"):
+            pass
+
+
+def test_cem_entries_pick_the_dense_path_for_wide_heads(monkeypatch):
+    """The CEM dispatchers ask the rule with the padded augmented width (d_h + d) or d."""
+    seen = []
+
+    def rule(width, device):
+        seen.append(width)
+        return "scores" if width > 16 else "sdpa"
+
+    monkeypatch.setattr(C, "attention_path", rule)
+    chosen = []
+    for name in ("diag_shared_grad_sdpa", "diag_shared_grad_dense", "diag_per_head_grad_sdpa",
+                 "diag_per_head_grad_dense", "diag_only_grad_sdpa", "diag_only_grad_dense"):
+        monkeypatch.setattr(C, name, lambda *a, name=name: chosen.append(name))
+    for d in (8, 24):
+        g, w_q = torch.zeros(1, 2, d, device="meta"), torch.zeros(8, d, device="meta")  # 2 heads of 4
+        C.diag_shared_grad(g, None, w_q, None, 2, 1.0)
+        C.diag_per_head_grad(g, None, w_q, None, 2, 1.0)
+        C.diag_only_grad(g, None, None, 1.0)
+    assert seen == [16, 16, 8, 32, 32, 24]  # 4 + 8 → 16 (padded to 8k), 4 + 24 → 32, d for diag_only
+    assert chosen == ["diag_shared_grad_sdpa", "diag_per_head_grad_sdpa", "diag_only_grad_sdpa",
+                      "diag_shared_grad_dense", "diag_per_head_grad_dense", "diag_only_grad_dense"]
+
+
+# ------------------------------------------------------------------------------------ NRGPT full J
+@pytest.mark.parametrize("strict", [True, False])
+@pytest.mark.parametrize("N", [1, 2, 7])
+def test_nrgpt_full_scores_path_equals_sdpa_and_reference(strict, N):
+    gen = torch.Generator().manual_seed(N + 10 * strict)
+    H, d, beta = 3, 5, 0.8
+    inputs = [_randn(2, N, d, gen=gen), 0.5 + torch.rand(H, generator=gen, dtype=DT),
+              _randn(H, d, d, gen=gen, scale=0.4)]
+
+    def run(fn):
+        return lambda g, a, J: fn(g, J, a, beta, strict)
+
+    y = _same_fwd_bwd([run(E.attention_grad_reference), _forced("scores", run(E.attention_grad)),
+                       _forced("sdpa", run(E.attention_grad))], inputs)
+    assert y.abs().max() > 1e-3 or (strict and N == 1)
+
+
+@pytest.mark.parametrize("strict", [True, False])
+@pytest.mark.parametrize("n_new", [1, 3, 8])
+def test_nrgpt_full_scores_path_from_cached_keys(strict, n_new):
+    """Cached decoding: head-expanded queries of the last ``n_new`` of 8 positions on the scores path."""
+    gen = torch.Generator().manual_seed(n_new)
+    H, d, S, beta = 2, 4, 8, 0.7
+    g, alpha, J = _randn(1, S, d, gen=gen), 0.5 + torch.rand(H, generator=gen, dtype=DT), _randn(H, d, d, gen=gen)
+    ref = E.attention_grad_reference(g, J, alpha, beta, strict)[:, S - n_new:]
+    keys = E.attention_keys(g, J)
+    q = g[:, S - n_new:].unsqueeze(1).expand(-1, H, -1, -1)
+    for path in ("scores", "sdpa"):
+        with force_attention_path(path):
+            got = E.attention_force_from_keys(q, keys, alpha, beta, strict)
+        torch.testing.assert_close(got, ref, **TOL)
+
+
+def test_nrgpt_full_scores_path_with_dropout_is_a_stochastic_force():
+    gen = torch.Generator().manual_seed(0)
+    g, J, alpha = _randn(2, 6, 4, gen=gen), _randn(2, 4, 4, gen=gen), torch.ones(2, dtype=DT)
+    with force_attention_path("scores"):
+        torch.manual_seed(1)
+        a = E.attention_grad(g, J, alpha, 1.0, True, dropout_p=0.5)
+        torch.manual_seed(1)
+        b = E.attention_grad(g, J, alpha, 1.0, True, dropout_p=0.5)
+        exact = E.attention_grad(g, J, alpha, 1.0, True)
+    torch.testing.assert_close(a, b, **TOL)  # same seed, same mask
+    assert not torch.allclose(a, exact)
+
+
+# ------------------------------------------------------------------------------------ CEM
+def _cem(fn, heads_, s_len=None, tau=None):
+    """``(g, h, w_q, w_k, diag) -> fn(g, ctx, …)`` with keys from ``h`` (``g`` the last N positions)."""
+    def run(g, h, w_q, w_k, diag):
+        ctx = C.interaction_context(h, w_k, heads_)
+        t = tau or math.sqrt(w_q.shape[0] // heads_)
+        return fn(g, ctx, w_q, diag, heads_, t)
+    return run
+
+
+def _cem_inputs(n, heads_, dh, d, gen, s=None, per_head=True, dtype=DT):
+    s = s or n
+    h = _randn(2, s, d, gen=gen, dtype=dtype)
+    g = h[:, s - n:] + _randn(2, n, d, gen=gen, scale=0.3, dtype=dtype)
+    diag = _randn(*((heads_, d) if per_head else (d,)), gen=gen, scale=0.5, dtype=dtype)
+    return [g, h, _randn(heads_ * dh, d, gen=gen, scale=0.5, dtype=dtype),
+            _randn(heads_ * dh, d, gen=gen, scale=0.5, dtype=dtype), diag]
+
+
+@pytest.mark.parametrize("N", [1, 2, 7])
+@pytest.mark.parametrize("heads_,dh,d", [(1, 4, 6), (3, 2, 7)])
+def test_cem_diag_per_head_dense_equals_sdpa_and_reference(N, heads_, dh, d):
+    gen = torch.Generator().manual_seed(N + heads_)
+    inputs = _cem_inputs(N, heads_, dh, d, gen)
+    y = _same_fwd_bwd([_cem(C.diag_per_head_grad_sdpa, heads_), _cem(C.diag_per_head_grad_dense, heads_),
+                       _forced("scores", _cem(C.diag_per_head_grad, heads_))], inputs)
+    g, h, w_q, w_k, diag = inputs
+    torch.testing.assert_close(y, C.interaction_grad_reference(g, h, w_q, w_k, heads_, diag=diag), **TOL)
+
+
+@pytest.mark.parametrize("n_new", [1, 3])
+def test_cem_diag_per_head_dense_with_cached_context(n_new):
+    gen = torch.Generator().manual_seed(n_new)
+    _same_fwd_bwd([_cem(C.diag_per_head_grad_sdpa, 2), _cem(C.diag_per_head_grad_dense, 2)],
+                  _cem_inputs(n_new, 2, 4, 9, gen, s=8))
+
+
+@pytest.mark.parametrize("N", [1, 2, 7])
+@pytest.mark.parametrize("n_new", [None, 1, 3])
+def test_cem_diag_only_dense_equals_sdpa_and_reference(N, n_new):
+    gen = torch.Generator().manual_seed(N)
+    heads_, d, tau = 3, 5, 1.3
+    g_all, h, _, _, diag = _cem_inputs(N + 3, heads_, 1, d, gen)
+    g = g_all[:, -(n_new or N):]                    # the last positions; without a cache, h as long as g
+    h = h if n_new else h[:, -N:]
+
+    def run(fn):
+        return lambda g, h, diag: fn(g, C.interaction_context(h, None, heads_), diag, tau)
+
+    y = _same_fwd_bwd([run(C.diag_only_grad_sdpa), run(C.diag_only_grad_dense),
+                       _forced("scores", run(C.diag_only_grad))], [g, h, diag])
+    if not n_new:
+        ref = C.interaction_grad_reference(g, h, None, None, heads_, diag=diag, tau=tau)
+        torch.testing.assert_close(y, ref, **TOL)
+
+
+# ------------------------------------------------------------------------------------ bf16
+BF16_TOL = dict(atol=3e-2, rtol=3e-2)
+
+
+def _bf16_vs_float64(fn, inputs):
+    """``fn`` under CPU bf16 autocast (fp32 inputs) against ``fn`` in float64: output and input
+    gradients within the bf16 tolerance, relative to each tensor's largest entry."""
+    results = []
+    for dtype, bf16 in ((DT, False), (torch.float32, True)):
+        xs = [t.detach().to(dtype).requires_grad_(True) for t in inputs]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            y = fn(*xs)
+        cot = torch.linspace(-1, 1, y.numel(), dtype=DT).reshape(y.shape)
+        grads = torch.autograd.grad((y.double() * cot).sum(), xs, allow_unused=True)
+        results.append([y.double()] + [torch.zeros_like(x, dtype=DT) if g is None else g.double()
+                                       for x, g in zip(xs, grads)])
+    for i, (lo, hi) in enumerate(zip(results[1], results[0])):
+        scale = hi.abs().max().clamp_min(1e-6)
+        torch.testing.assert_close(lo / scale, hi / scale, **BF16_TOL, msg=lambda m, i=i: f"tensor {i}: {m}")
+
+
+def test_bf16_scores_paths_within_tolerance_of_float64():
+    gen = torch.Generator().manual_seed(3)
+    N, H, d = 24, 2, 16
+    g, alpha, J = _randn(2, N, d, gen=gen), 0.5 + torch.rand(H, generator=gen, dtype=DT), _randn(H, d, d, gen=gen,
+                                                                                                 scale=0.1)
+    with force_attention_path("scores"):
+        _bf16_vs_float64(lambda g, a, J: E.attention_grad(g, J, a, 0.5, True), [g, alpha, J])
+        inputs = _cem_inputs(N, 2, 8, d, gen)
+        _bf16_vs_float64(_cem(C.diag_per_head_grad, 2), inputs)
+        inputs[-1] = inputs[-1][0]
+        _bf16_vs_float64(_cem(C.diag_shared_grad, 2), inputs)
+        _bf16_vs_float64(lambda g, h, diag: C.diag_only_grad(g, C.interaction_context(h, None, 2), diag, 2.0),
+                         [inputs[0], inputs[1], _randn(2, d, gen=gen, scale=0.5)])
+
+
+# ------------------------------------------------------------------------------------ autocast
+class _DtypeSpy:
+    """Records the dtypes (and strides) of every tensor passed to SDPA and to ``torch.cat``."""
+
+    def __init__(self, monkeypatch):
+        self.sdpa: list[list[tuple]] = []
+        self.cat: list[list[torch.dtype]] = []
+        real_sdpa, real_cat = F.scaled_dot_product_attention, torch.cat
+
+        def sdpa(*args, **kwargs):
+            self.sdpa.append([(a.dtype, a.stride()) for a in args[:3]])
+            return real_sdpa(*args, **kwargs)
+
+        def cat(tensors, *args, **kwargs):
+            self.cat.append([t.dtype for t in tensors])
+            return real_cat(tensors, *args, **kwargs)
+
+        for mod in (E, C):
+            monkeypatch.setattr(mod.F, "scaled_dot_product_attention", sdpa)
+        monkeypatch.setattr(C.torch, "cat", cat)
+
+
+@pytest.mark.parametrize("case", ["nrgpt_full", "nrgpt_factored", "cem_lowrank", "cem_diag_shared_sdpa",
+                                  "cem_diag_per_head", "cem_diag_only"])
+def test_sdpa_receives_bf16_under_cpu_autocast(monkeypatch, case):
+    """Under ``torch.autocast('cpu', bfloat16)`` with fp32 weights and states, every SDPA operand is
+    already bf16 (autocast would otherwise copy it, and save the copy: for full J an fp32 query
+    expanded over heads) and every ``torch.cat`` joins tensors of one dtype (no promotion to fp32)."""
+    gen = torch.Generator().manual_seed(0)
+    B, N, H, dh, d = 2, 9, 3, 4, 12
+    g = torch.randn(B, N, d, generator=gen, requires_grad=True)
+    h = torch.randn(B, N, d, generator=gen)
+    w_q, w_k = torch.randn(H * dh, d, generator=gen), torch.randn(H * dh, d, generator=gen)
+    spy = _DtypeSpy(monkeypatch)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        if case == "nrgpt_full":
+            y = E.attention_grad(g, torch.randn(H, d, d, generator=gen), torch.ones(H), 0.5, True)
+        elif case == "nrgpt_factored":
+            y = E.attention_grad_factored(g, w_q.view(H, dh, d), w_k.view(H, dh, d), torch.ones(H), 0.5, True)
+        elif case == "cem_lowrank":
+            y = C.interaction_grad(g, h, w_q, w_k, H)
+        elif case == "cem_diag_shared_sdpa":
+            y = C.diag_shared_grad(g, C.interaction_context(h, w_k, H), w_q, torch.randn(d), H, 2.0, sdpa=True)
+        elif case == "cem_diag_per_head":
+            y = C.interaction_grad(g, h, w_q, w_k, H, diag=torch.randn(H, d))
+        else:
+            y = C.interaction_grad(g, h, None, None, H, diag=torch.randn(H, d), tau=2.0)
+    y.float().sum().backward()
+    assert spy.sdpa, "no SDPA call"
+    for call in spy.sdpa:
+        assert [dt for dt, _ in call] == [torch.bfloat16] * 3, f"{case}: SDPA got {call}"
+    for dtypes in spy.cat:
+        assert len(set(dtypes)) == 1, f"{case}: torch.cat of {dtypes} promotes"
+    if case == "nrgpt_full":  # the query stays a view of g over heads (stride 0), cast before expanding
+        assert spy.sdpa[0][0][1][1] == 0
