@@ -357,3 +357,29 @@ def test_corrupt_shards_are_one_error_naming_the_folder(tmp_path):
     with pytest.raises(ValueError, match=r"sharded checkpoint '.*dcp' is unreadable or does not match") as e:
         rundir.load_run(tmp_path)
     assert "\n" not in str(e.value)
+
+
+def test_every_rank_writes_its_shards_into_the_folder_rank_0_made(tmp_path, monkeypatch):
+    """A sharded save on two ranks, faked in one process: rank 1 runs its whole save while rank 0
+    waits in the broadcast of the folder it made. Both write shards into that one folder (no rank
+    is skipped), rank 1 returns None and commits nothing, rank 0 commits after every rank wrote."""
+    model, opt, gen = write_checkpoint(tmp_path)
+    writes, real_save = [], checkpoint.sharded.save_shards
+    monkeypatch.setattr(checkpoint.sharded, "save_shards",  # rank 0 writes the real files
+                        lambda p, m, o: (writes.append((rank[0], Path(p))), rank[0] == 0 and real_save(p, m, o)))
+    rank, other = [0], []
+
+    def broadcast(made):  # rank 0's folder reaches rank 1, which saves before rank 0 goes on
+        assert not writes and checkpoint.find_checkpoint(tmp_path)["step"] == 3  # nothing written yet
+        rank[0] = 1
+        other.append(checkpoint.save_sharded_checkpoint(tmp_path, model, opt, 4, 1.0, gen, is_main=False,
+                                                        broadcast=lambda _: made))
+        assert checkpoint.find_checkpoint(tmp_path)["step"] == 3  # rank 1 commits nothing
+        rank[0] = 0
+        return made
+
+    marker = checkpoint.save_sharded_checkpoint(tmp_path, model, opt, 4, 1.0, gen, is_main=True, broadcast=broadcast)
+    assert other == [None] and marker is not None and checkpoint.find_checkpoint(tmp_path)["step"] == 4
+    assert [r for r, _ in writes] == [1, 0] and writes[0][1] == writes[1][1]  # one folder, every rank
+    assert writes[0][1].name == "dcp" and writes[0][1].parent.name.startswith(".tmp-")
+    assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".tmp-")]
