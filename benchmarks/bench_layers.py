@@ -8,7 +8,8 @@ released NRGPT code does; the table's ``max |Δ|`` is the largest output differe
 
 For each row the table shows the measured time ratio to the peer (forward + backward, median of
 interleaved repeats, so every row sees the same machine load), the FLOP ratio to the peer
-(``torch.utils.flop_counter``, see ``energyformer.models.flops``), and their quotient
+(``energyformer.models.flops.flop_counter``: causal attention charged for the ``N(N+1)/2`` pairs
+of its mask; the ``torch.func.grad`` twin materializes its scores and is charged the full product), and their quotient
 ``cost / bound``: 1.00 means the row costs exactly what its FLOPs say relative to the peer.
 
 Goals (issue 10; ``--check`` exits 1 naming each miss with its numbers):
@@ -45,11 +46,10 @@ from common import (
     run_main,
     write_results,
 )
-from torch.utils import flop_counter
 
-import energyformer.models.flops  # noqa: F401  (registers the CPU SDPA FLOP formulas)
 from energyformer.layers import CEMBlock, GPTBlock, NRGPTBlock
 from energyformer.models.config import default_d_ff
+from energyformer.models.flops import flop_counter
 
 LLAMA = "transformers LlamaDecoderLayer"
 GPT_REC = "gpt_rec_parallel block"
@@ -179,7 +179,9 @@ def build_layers(d: int, h: int, device: str, names: list[str] | None = None) ->
 
 
 def flops(fn, x) -> float:
-    counter = flop_counter.FlopCounterMode(display=False)
+    """FLOPs of a forward + backward of ``fn`` at ``x``, counted as ``energyformer.models.flops``
+    counts them (causal attention: the ``N(N+1)/2`` pairs of the mask)."""
+    counter = flop_counter()
     with counter:
         fn(x).sum().backward()
     return float(counter.get_total_flops())

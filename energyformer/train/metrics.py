@@ -22,11 +22,11 @@ from energyformer.utils.io import atomic_write_text
 PEAK_FLOPS_ENV = "ENERGYFORMER_PEAK_FLOPS"
 
 #: ``(pattern of torch.cuda.get_device_name, dense bf16 FLOP/s)``, the first match wins (so the
-#: PCIe/NVL variants come before their SXM name). The vendor's dense (not 2:4 sparse) tensor-core
-#: bf16 rates, except the H200: 790 TFLOP/s is what a bf16 matmul measured on this project's
-#: H200 (the data sheet says 989, as the H100 SXM; docs/gpu.md).
+#: PCIe/NVL variants come before their SXM name). Every entry is the vendor's data-sheet dense
+#: (not 2:4 sparse) tensor-core bf16 rate (H100 / H200 SXM: 989 TFLOP/s); none was measured here
+#: (docs/gpu.md, "MFU"). ``benchmarks/gpu_check.py`` reports MFU against a timed matmul peak too.
 PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
-    (r"\bGH200\b", 989e12), (r"\bH200\b", 790e12),
+    (r"\bGH200\b", 989e12), (r"\bH200\b", 989e12),
     (r"\bH100\b.*\bPCIe\b", 756e12), (r"\bH100\b.*\bNVL\b", 835e12), (r"\bH100\b", 989e12),
     (r"\bH800\b", 989e12), (r"\bB200\b", 2250e12), (r"\bA100\b", 312e12), (r"\bA800\b", 312e12),
     (r"\bA10G\b", 125e12), (r"\bA10\b", 125e12), (r"\bA30\b", 165e12), (r"\bL40S\b", 362e12),
@@ -46,8 +46,11 @@ def peak_flops_for_name(name: str) -> float | None:
 
 def peak_flops(device: Any) -> float | None:
     """Dense bf16 peak FLOP/s of ``device`` for MFU: the ``ENERGYFORMER_PEAK_FLOPS`` environment
-    variable when set (a number, e.g. ``7.9e14``), else the table entry of a CUDA device's name;
-    ``None`` for the CPU, MPS and unlisted GPUs (MFU is then not reported).
+    variable when set (a number, e.g. ``7.9e14``), else the data-sheet entry of a CUDA device's
+    name; ``None`` for the CPU, MPS and unlisted GPUs (MFU is then not reported).
+
+    The logged MFU is ``training_flops_per_token × tokens/s ÷ peak``, the FLOPs counted by
+    ``energyformer.models.flops`` (causal attention charged for the ``N(N+1)/2`` pairs of its mask).
 
     Raises:
         ValueError: ``ENERGYFORMER_PEAK_FLOPS`` is not a positive number.
