@@ -9,10 +9,19 @@ The driver calls the experiment in *deferred* mode (:class:`~energyformer.experi
 experiment stops at its next :func:`~energyformer.experiments.common.need_runs` barrier (after its LR
 sweeps, before its analysis). The queued runs train in a pool of N processes, each run recorded as
 it finishes; then the experiment is called again, until it asks for nothing new and writes its table.
+
+Ctrl-C reaches only the driver (the workers ignore SIGINT): it stops the workers and exits with one
+line; the runs recorded so far stay recorded, and a run in progress resumes from its last checkpoint
+when the command is run again.
 """
 from __future__ import annotations
 
+import contextlib
+import multiprocessing as mp
 import os
+import signal
+import threading
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict
 from typing import Any
@@ -25,6 +34,34 @@ def threads_per_job(jobs: int, cores: int | None = None) -> int:
     if cores is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores // jobs)
+
+
+def _ignore_sigint() -> None:
+    """A worker's initializer: Ctrl-C is the driver's to handle (no traceback from every worker)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Ignore SIGINT while worker processes start (an ignored signal stays ignored across ``exec``, so a
+    Ctrl-C while a worker is still importing cannot print its traceback); a no-op outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def _stop_workers() -> None:
+    """Terminate the pool's worker processes (after Ctrl-C in the driver) and wait for them."""
+    children = mp.active_children()
+    for p in children:
+        p.terminate()
+    for p in children:
+        p.join(timeout=10)
 
 
 def _train_one(ctx_fields: dict[str, Any], run: str, cfg: dict[str, Any], threads: int) -> str:
@@ -68,18 +105,26 @@ def run_parallel(module: Any, ctx: Context) -> dict[str, Any]:
         ctx.say(f"training {len(queued)} run(s), {ctx.jobs} at a time with {threads} thread(s) each: "
                 + ", ".join(queued))
         fields = {**asdict(ctx), "deferred": False, "jobs": 1}
-        import multiprocessing as mp
-
-        with ProcessPoolExecutor(max_workers=min(ctx.jobs, len(queued)), mp_context=mp.get_context("spawn")) as pool:
-            futures = [pool.submit(_train_one, fields, run, cfg, threads) for run, cfg in queued.items()]
+        pool = ProcessPoolExecutor(max_workers=min(ctx.jobs, len(queued)), mp_context=mp.get_context("spawn"),
+                                   initializer=_ignore_sigint)
+        try:
+            with _sigint_ignored():  # the workers start with SIGINT ignored, before their initializer runs
+                futures = [pool.submit(_train_one, fields, run, cfg, threads) for run, cfg in queued.items()]
             errors = []
             for f in as_completed(futures):
                 try:
                     f.result()
                 except Exception as e:  # noqa: BLE001 - the others finish and are recorded first
                     errors.append(e)
-            if errors:
-                raise errors[0]
+        except KeyboardInterrupt:
+            _stop_workers()
+            pool.shutdown(wait=False, cancel_futures=True)
+            ctx.say("interrupted: the runs recorded so far stay recorded; a run in progress resumes from its last "
+                    "checkpoint when the command runs again")
+            raise
+        pool.shutdown(wait=True)
+        if errors:
+            raise errors[0]
 
 
 __all__ = ["run_parallel", "threads_per_job"]

@@ -127,3 +127,27 @@ def test_rescore_and_jobs_give_the_tables_of_the_fixed_evaluation(tmp_path, caps
     assert threads_per_job(2, cores=2) == 1 and threads_per_job(3, cores=8) == 2 and threads_per_job(4, cores=2) == 1
     with pytest.raises(ValueError, match="jobs=0 must be >= 1"):
         run_experiment("gp_recursion", jobs=0)
+
+
+def test_ctrl_c_under_jobs_stops_every_worker_with_one_line(tmp_path):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while ``--jobs 2`` trains:
+    the workers ignore it, the driver stops them and exits 130 with one line, no traceback."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "energyformer", "experiment", "listops_transition", "--quick",
+                             "--jobs", "2", "--work_dir", str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    for line in proc.stdout:
+        if line.startswith("training "):
+            break
+    time.sleep(0.5)  # the workers are starting (importing) or training
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in out + err and "interrupted" in err
+    assert "a run in progress resumes from its last checkpoint" in out
