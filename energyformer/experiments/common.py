@@ -455,10 +455,11 @@ def lr_sweep(ctx: Context, family: str, make_cfg: Callable[[float, int], dict[st
     extension stops improving.
 
     Returns:
-        ``{"family", "steps", "lrs" (ascending), "final_val_loss" (per lr; inf when diverged),
-        "best_lr"}``.
+        ``{"family", "steps" (each run's ``max_steps``), "lrs" (ascending), "final_val_loss" (per lr; inf
+        when diverged), "best_lr"}``.
     """
     tried: dict[float, float] = {}
+    trained = int(make_cfg(lrs[0], steps).get("train", {}).get("max_steps", steps))  # quick mode shrinks it
 
     def loss_at(lr: float) -> float:
         if lr not in tried:
@@ -474,7 +475,7 @@ def lr_sweep(ctx: Context, family: str, make_cfg: Callable[[float, int], dict[st
         loss_at(lr)
     if any(math.isnan(v) for v in tried.values()):  # deferred: queued; the caller stops at need_runs
         ctx.waiting_for_sweep = True
-        return {"family": family, "steps": steps, "lrs": sorted(tried), "final_val_loss": [], "best_lr": lrs[0],
+        return {"family": family, "steps": trained, "lrs": sorted(tried), "final_val_loss": [], "best_lr": lrs[0],
                 "pending": True}
     for _ in range(max_extend if len(lrs) > 1 else 0):
         grid = sorted(tried)
@@ -488,12 +489,12 @@ def lr_sweep(ctx: Context, family: str, make_cfg: Callable[[float, int], dict[st
         if math.isnan(extra):
             ctx.waiting_for_sweep = True
             tried.pop(half_decade(best, up=best == grid[-1]))
-            return {"family": family, "steps": steps, "lrs": sorted(tried), "final_val_loss": [],
+            return {"family": family, "steps": trained, "lrs": sorted(tried), "final_val_loss": [],
                     "best_lr": best, "pending": True}
     grid = sorted(tried)
     best = min(grid, key=lambda lr: tried[lr])
     ctx.say_once(f"  LR sweep {family}: " + ", ".join(f"{lr:g} → {tried[lr]:.4f}" for lr in grid) + f"; using {best:g}")
-    return {"family": family, "steps": steps, "lrs": grid, "final_val_loss": [tried[lr] for lr in grid],
+    return {"family": family, "steps": trained, "lrs": grid, "final_val_loss": [tried[lr] for lr in grid],
             "best_lr": best}
 
 

@@ -138,6 +138,9 @@ def test_lr_sweep_picks_lowest_and_a_diverged_run_loses(tmp_path, monkeypatch):
     got = lr_sweep(ctx, "fam", lambda lr, steps: {"lr": lr}, (3e-4, 1e-3, 3e-3), 10)
     assert got["best_lr"] == 1e-3 and got["final_val_loss"][2] == float("inf")
     assert got["lrs"] == [3e-4, 1e-3, 3e-3]  # the best is inside the grid: no extension
+    assert got["steps"] == 10
+    shrunk = lr_sweep(ctx, "fam", lambda lr, steps: {"lr": lr, "train": {"max_steps": 4}}, (3e-4, 1e-3, 3e-3), 10)
+    assert shrunk["steps"] == 4  # the table shows what the runs trained (quick mode), not what was asked
     assert "diverged" in common.sweep_table([got])
 
 
