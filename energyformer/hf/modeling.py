@@ -36,7 +36,7 @@ from energyformer.hf.configuration import CONFIG_CLASSES, EnergyformerConfig, cl
 from energyformer.models.registry import build_model
 
 #: keyword arguments of our models' forward that ``forward`` / ``generate`` pass through
-MODEL_KWARGS = ("n_steps", "stop_tol")
+MODEL_KWARGS = ("n_steps", "stop_tol", "exit", "accept_lower_energy")
 
 
 class EnergyformerPreTrainedModel(PreTrainedModel):
@@ -102,6 +102,7 @@ class EnergyformerForCausalLM(EnergyformerPreTrainedModel, GenerationMixin):
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 labels: torch.LongTensor | None = None, inputs_embeds: torch.Tensor | None = None,
                 return_dict: bool | None = None, n_steps: int | None = None, stop_tol: float | None = None,
+                exit: str | None = None, accept_lower_energy: bool | None = None,
                 **kwargs: Any) -> CausalLMOutputWithPast:
         """Logits ``(B, N, V)`` of ``input_ids (B, N)``; see the class docstring.
 
@@ -114,7 +115,8 @@ class EnergyformerForCausalLM(EnergyformerPreTrainedModel, GenerationMixin):
             raise ValueError("inputs_embeds is not supported by energyformer models; pass input_ids")
         if input_ids is None:
             raise ValueError("input_ids is required (B, N) token ids")
-        model_kwargs = {k: v for k, v in {"n_steps": n_steps, "stop_tol": stop_tol}.items() if v is not None}
+        model_kwargs = {k: v for k, v in {"n_steps": n_steps, "stop_tol": stop_tol, "exit": exit,
+                                          "accept_lower_energy": accept_lower_energy or None}.items() if v is not None}
         unknown = set(model_kwargs) - self._model_kwargs
         if unknown:
             raise ValueError(f"{sorted(unknown)} are not options of the {self.config.model_config().arch!r} "
@@ -125,13 +127,23 @@ class EnergyformerForCausalLM(EnergyformerPreTrainedModel, GenerationMixin):
                 raise ValueError("a cache cannot be used with a padded batch (attention_mask has zeros); "
                                  "pass use_cache=False or prompts of one length")
             logits = self.model(input_ids, cache=cache, **model_kwargs)[0]
+            self._log_exit_steps()
             return CausalLMOutputWithPast(logits=logits, cache=cache)
         logits = self._logits(input_ids, attention_mask, model_kwargs)
+        self._log_exit_steps()
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)),
                                    labels[:, 1:].reshape(-1).to(logits.device), ignore_index=-100)
         return CausalLMOutputWithPast(loss=loss, logits=logits)
+
+    _exit_log: list | None = None
+
+    def _log_exit_steps(self) -> None:
+        """Inside :meth:`generate`: keep the steps the newest position got (``exit``, ``stop_tol``)."""
+        steps = getattr(self.model, "exit_steps", None)
+        if self._exit_log is not None and steps is not None:
+            self._exit_log.append(steps[:, -1])
 
     def _logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                 model_kwargs: dict[str, Any]) -> torch.Tensor:
@@ -157,6 +169,7 @@ class EnergyformerForCausalLM(EnergyformerPreTrainedModel, GenerationMixin):
 
     def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
                                       cache: Any = None, n_steps: int | None = None, stop_tol: float | None = None,
+                                      exit: str | None = None, accept_lower_energy: bool | None = None,
                                       **kwargs: Any) -> dict[str, Any]:
         """With a cache: the prompt (its last ``block_size`` tokens) first, then the newest token; when
         the cache is full, a fresh cache on the last ``block_size − block_size // 4`` tokens (the rule
@@ -176,15 +189,20 @@ class EnergyformerForCausalLM(EnergyformerPreTrainedModel, GenerationMixin):
             else:
                 ids = input_ids[:, -1:]
             inputs.update(input_ids=ids, cache=cache)
-        inputs.update({k: v for k, v in {"n_steps": n_steps, "stop_tol": stop_tol}.items() if v is not None})
+        inputs.update({k: v for k, v in {"n_steps": n_steps, "stop_tol": stop_tol, "exit": exit,
+                                         "accept_lower_energy": accept_lower_energy}.items() if v is not None})
         return inputs
 
     @torch.no_grad()
     def generate(self, inputs: torch.Tensor | None = None, *args: Any, **kwargs: Any):
         """:meth:`transformers.GenerationMixin.generate`, after checking the prompt fits the context.
 
-        ``n_steps`` (NRGPT, recurrent GPT, CEM: steps at inference) and ``stop_tol`` (NRGPT only)
-        pass through to every forward. Beam search (``num_beams > 1``) recomputes the last ``block_size`` tokens
+        ``n_steps`` (NRGPT, recurrent GPT, CEM: steps at inference), ``stop_tol`` (NRGPT only),
+        ``exit`` (``"kl:1e-3"`` ...: per-token adaptive exit, NRGPT and the recurrent GPTs) and
+        ``accept_lower_energy`` (energy-safe steps, NRGPT and CEM; docs/inference_compute.md) pass
+        through to every forward; with ``exit`` the steps of each generated token are in
+        ``self.model.generated_exit_steps`` ``(B, L)`` afterwards.
+        Beam search (``num_beams > 1``) recomputes the last ``block_size`` tokens
         each step (``use_cache=False``): our KV cache cannot be reordered across beams.
 
         A prompt longer than ``block_size`` is kept whole in the output, and its last
@@ -206,7 +224,13 @@ class EnergyformerForCausalLM(EnergyformerPreTrainedModel, GenerationMixin):
         config = kwargs.get("generation_config") or self.generation_config
         if (kwargs.get("num_beams") or getattr(config, "num_beams", 1) or 1) > 1:
             kwargs["use_cache"] = False  # beams reorder the cache; ours cannot be reordered: recompute
-        return super().generate(inputs, *args, **kwargs)
+        self._exit_log = []
+        try:
+            out = super().generate(inputs, *args, **kwargs)
+        finally:
+            log, self._exit_log = self._exit_log, None
+        self.model.generated_exit_steps = torch.stack(log, dim=1) if log else None
+        return out
 
 
 def _family(arch: str) -> type[EnergyformerForCausalLM]:

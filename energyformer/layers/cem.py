@@ -42,6 +42,8 @@ from torch.utils.checkpoint import checkpoint
 from energyformer._validate import check_choice, check_divides, check_float, check_int
 from energyformer.energies.cem import rms_norm_vjp
 from energyformer.layers.cem_options import INTERACTIONS, MLP_TIES, ROPE_CHOICES
+from energyformer.layers.exit import ExitState, ExitView, parse_exit
+from energyformer.layers.monotone import DEFAULT_MAX_HALVINGS, accept_lower_energy_step
 from energyformer.layers.norms import RMSNorm
 from energyformer.layers.step_maps import STEP_MAPS, make_step_map
 from energyformer.layers.trace import Traceable
@@ -120,8 +122,12 @@ class _CEMSubBlock(Traceable, nn.Module):
             grad = self.preconditioner(grad)
         return torch.addcmul(x, self.step_size_at(t).to(x.dtype), grad, value=-1.0)  # x − η_t·grad, one kernel
 
+    #: ``(B, N)`` int64: the steps each token got in the last call with ``exit`` (else ``None``)
+    exit_steps: torch.Tensor | None = None
+
     def _run(self, x: torch.Tensor, cache=None, layer_idx: int = 0, offset: int = 0, n_steps: int | None = None,
-             backprop_steps: int | None = None) -> torch.Tensor:
+             backprop_steps: int | None = None, exit=None, accept_lower_energy: bool = False,
+             max_halvings: int = DEFAULT_MAX_HALVINGS) -> torch.Tensor:
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"{self.trace_sub} expects x of shape (B, N, d_model={self.d_model}); "
                              f"got {tuple(x.shape)}")
@@ -139,6 +145,13 @@ class _CEMSubBlock(Traceable, nn.Module):
         h_hat = self._normalize(x)
         ctx = self._context(h_hat) if cache is None else self._context(h_hat, cache, layer_idx, offset)
         g = h_hat
+        crit = parse_exit(exit)
+        if self.exit_steps is not None:  # (no attribute write in the plain path: torch.compile)
+            self.exit_steps = None
+        if crit is not None or accept_lower_energy:
+            check_int("max_halvings", max_halvings, 0)
+            return self._run_adaptive(x, h_hat, ctx, T, first_graph, crit, bool(accept_lower_energy), max_halvings,
+                                      cache is not None)
         if self.checkpoint_steps and sink is None and self.training and torch.is_grad_enabled():
             # per-step activation checkpointing: keep x and g per step, recompute the rest in backward
             for t in range(T):
@@ -162,6 +175,69 @@ class _CEMSubBlock(Traceable, nn.Module):
                     g = self._normalize(x)
         if sink is not None:
             sink.record(T, x, {self.trace_sub: self._energy_or_none(g, h_hat)})
+        return x
+
+    def _run_adaptive(self, x: torch.Tensor, h_hat: torch.Tensor, ctx, T: int, first_graph: int, crit,
+                      monotone: bool, max_halvings: int, cached: bool = False) -> torch.Tensor:
+        """The steps with a per-token exit and/or energy-safe steps (docs/inference_compute.md §3, §5).
+
+        The context ``ĥ`` (keys/values, the gate) is fixed, so a token's steps depend on itself only:
+        an exit needs no cache rule here, and ``accept_lower_energy`` makes every token's energy
+        ``ε(g_i | ĥ)`` non-increasing over the steps. The plain loop (a criterion that never fires,
+        no ``monotone``) gives exactly :meth:`_run`'s states (tested).
+
+        With a cache (``cached``) the attention energy would need the cached positions' context,
+        which the cache holds as keys/values only: the ``energy`` criterion and
+        ``accept_lower_energy`` then raise (decode with ``use_cache=False``); ``grad`` works."""
+        sink = self._trace
+        has_energy = not cached and self._energy_or_none(h_hat[:, :1], h_hat[:, :1]) is not None
+        if monotone and not has_energy:
+            raise ValueError("accept_lower_energy needs the sub-block's energy: "
+                             + ("with a cache CEM attention has no energy of the cached context (decode with "
+                                "use_cache=False)" if cached else "rope='llama' attention has none (use rope='exact' "
+                                                                  "or None)"))
+        state = None
+        if crit is not None:
+            state = ExitState(crit, x, frozenset({"grad"} | ({"energy"} if has_energy else set())),
+                              f"a CEM {self.trace_sub} sub-block (no next-token readout inside a layer"
+                              + ("; with a cache no attention energy: decode with use_cache=False)" if cached else ")"))
+        needs = state.needs if state is not None else frozenset()
+
+        def energy(s: torch.Tensor) -> torch.Tensor:
+            return self._energy_or_none(self._normalize(s), h_hat)
+
+        e_prev = energy(x) if "energy" in needs else None
+        g, grad, ran = h_hat, None, 0
+        for t in range(T):
+            if t == first_graph > 0:
+                g = self._normalize(x)
+            with step_grad_mode(t, first_graph):
+                if grad is None:
+                    grad = self._grad(g, h_hat, ctx)
+                if sink is not None:
+                    sink.record(t, x, {self.trace_sub: self._energy_or_none(g, h_hat)}, grad)
+                x_new = self._descend(x, grad, t)
+                if monotone:
+                    x_new = accept_lower_energy_step(x, x_new, energy, max_halvings)
+                if state is not None:
+                    x_new = state.apply(x, x_new)
+                g_new = self._normalize(x_new)
+            grad, ran, go_on = None, t + 1, True
+            if state is not None and t + 1 < T:
+                view = ExitView(t, x, x_new)
+                if "energy" in needs:
+                    e_new = energy(x_new)
+                    view.energy_prev, view.energy_new, e_prev = e_prev, e_new, e_new
+                if "grad" in needs:
+                    view.grad_new = self._grad(g_new, h_hat, ctx)
+                    grad = None if torch.is_grad_enabled() else view.grad_new  # the next step's gradient
+                go_on = state.update(view)
+            x, g = x_new, g_new
+            if not go_on:
+                break
+        if sink is not None:
+            sink.record(ran, x, {self.trace_sub: self._energy_or_none(g, h_hat)})
+        self.exit_steps = state.steps if state is not None else None
         return x
 
     def _step(self, x: torch.Tensor, g: torch.Tensor, h_hat: torch.Tensor, ctx, t: int):
@@ -267,7 +343,8 @@ class CEMAttention(_CEMSubBlock):
         return self.interaction.param_groups()
 
     def forward(self, x: torch.Tensor, cache=None, layer_idx: int = 0, offset: int = 0, *,
-                n_steps: int | None = None, backprop_steps: int | None = None) -> torch.Tensor:
+                n_steps: int | None = None, backprop_steps: int | None = None, exit=None,
+                accept_lower_energy: bool = False, max_halvings: int = DEFAULT_MAX_HALVINGS) -> torch.Tensor:
         """``x`` (B, N, d) -> ``x^T`` (B, N, d). Under :func:`~energyformer.layers.trace.tracing`
         it records every state ``t = 0 … T`` with its energy (term ``"attn"``; none for rope="llama").
 
@@ -282,7 +359,7 @@ class CEMAttention(_CEMSubBlock):
             ValueError: ``x`` not (B, N, d_model); a cache while tracing; ``n_steps < 1`` or more steps
                 than per-step factors; ``backprop_steps < 1`` or with a cache.
         """
-        return self._run(x, cache, layer_idx, offset, n_steps, backprop_steps)
+        return self._run(x, cache, layer_idx, offset, n_steps, backprop_steps, exit, accept_lower_energy, max_halvings)
 
     def extra_repr(self) -> str:
         return (f"n_steps={self.n_steps}, interaction={self.interaction.name!r}, "
@@ -336,7 +413,8 @@ class CEMGatedMLP(_CEMSubBlock):
     def _option_groups(self) -> dict[str, list[nn.Parameter]]:
         return {"projections": [self.gate_proj.weight, self.up_proj.weight]}
 
-    def forward(self, x: torch.Tensor, *, n_steps: int | None = None, backprop_steps: int | None = None
+    def forward(self, x: torch.Tensor, *, n_steps: int | None = None, backprop_steps: int | None = None,
+                exit=None, accept_lower_energy: bool = False, max_halvings: int = DEFAULT_MAX_HALVINGS
                 ) -> torch.Tensor:
         """``x`` (B, N, d) -> ``x^T`` (B, N, d); traced as :meth:`CEMAttention.forward` (term ``"mlp"``);
         ``n_steps`` and ``backprop_steps`` as there.
@@ -345,7 +423,8 @@ class CEMGatedMLP(_CEMSubBlock):
             ValueError: ``x`` not (B, N, d_model); ``n_steps`` or ``backprop_steps`` as in
                 :meth:`CEMAttention.forward`.
         """
-        return self._run(x, n_steps=n_steps, backprop_steps=backprop_steps)
+        return self._run(x, n_steps=n_steps, backprop_steps=backprop_steps, exit=exit,
+                         accept_lower_energy=accept_lower_energy, max_halvings=max_halvings)
 
     def extra_repr(self) -> str:
         return f"d_ff={self.d_ff}, n_steps={self.n_steps}, mlp_tie={self.mlp_tie!r}"
@@ -380,17 +459,31 @@ class CEMBlock(nn.Module):
                                  rope=rope, rope_theta=rope_theta, **shared)
         self.mlp = CEMGatedMLP(d_model, d_ff, mlp_n_steps, mlp_step_size, mlp_tie=mlp_tie, **shared)
 
+    #: ``(B, N)`` int64: the steps each token got in both sub-blocks in the last call with ``exit``
+    exit_steps: torch.Tensor | None = None
+
     def forward(self, x: torch.Tensor, cache=None, layer_idx: int = 0, offset: int = 0, *,
-                n_steps: int | None = None, backprop_steps: int | None = None) -> torch.Tensor:
+                n_steps: int | None = None, backprop_steps: int | None = None, exit=None,
+                accept_lower_energy: bool = False, max_halvings: int = DEFAULT_MAX_HALVINGS) -> torch.Tensor:
         """``x`` (B, N, d) -> (B, N, d): the attention sub-block's steps, then the MLP's.
 
         ``cache``/``layer_idx``/``offset`` go to the attention sub-block (docs/architecture.md §5);
         the MLP sub-block is per token and needs no cache. ``n_steps`` (the recursion ``T`` of both
         sub-blocks for this call; default each one's own) and ``backprop_steps`` (training: a graph
-        for the last ``k`` steps of each sub-block only) go to both sub-blocks.
+        for the last ``k`` steps of each sub-block only) go to both sub-blocks, and so do ``exit``
+        (a per-token exit inside each sub-block: ``abs``, ``rel``, ``energy``, ``grad``; ``kl`` needs a
+        next-token readout, which a layer has not), ``accept_lower_energy`` and ``max_halvings``
+        (energy-safe steps; docs/inference_compute.md). ``self.exit_steps`` ``(B, N)``: the steps of
+        both sub-blocks together, after a call with ``exit``.
         """
         steps = {} if n_steps is None and backprop_steps is None else \
             {"n_steps": n_steps, "backprop_steps": backprop_steps}
+        if exit is not None or accept_lower_energy:  # docs/inference_compute.md: both sub-blocks
+            steps.update(exit=exit, accept_lower_energy=accept_lower_energy, max_halvings=max_halvings)
         if cache is None:
-            return self.mlp(self.attn(x, **steps), **steps)
-        return self.mlp(self.attn(x, cache, layer_idx, offset, **steps), **steps)
+            out = self.mlp(self.attn(x, **steps), **steps)
+        else:
+            out = self.mlp(self.attn(x, cache, layer_idx, offset, **steps), **steps)
+        if exit is not None or self.exit_steps is not None:
+            self.exit_steps = None if self.attn.exit_steps is None else self.attn.exit_steps + self.mlp.exit_steps
+        return out

@@ -195,6 +195,13 @@ class NRGPTBlock(Traceable, nn.Module):
         g = self.normalize(x)
         return {"attn": self.attention.energy(g), "ff": self.ff_scale.to(g.dtype) * self.ff.energy(g)}
 
+    def energy_in_context(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        """Per-token total energy ``E_AT + s_ff E_FF`` ``(B, N)`` of the states ``x`` ``(B, N, d)`` with
+        the keys taken from the states ``context`` ``(B, N, d)`` (the context held fixed, as the step
+        sees it; docs/inference_compute.md §5). ``energy_in_context(x, x)`` is the total of :meth:`energy`."""
+        g = self.normalize(x)
+        return self.attention.energy(g, self.normalize(context)) + self.ff_scale.to(g.dtype) * self.ff.energy(g)
+
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         """Parameters by accounting group: the attention and FF entries' own groups (``attention``,
         ``ff``, to which ``s_ff`` is added), ``eta`` and ``norm``."""

@@ -25,7 +25,9 @@ import torch
 import torch.nn as nn
 
 from energyformer._validate import check_float, check_int
+from energyformer.layers.exit import ExitState, ExitView, parse_exit, readout_logits
 from energyformer.layers.kv_cache import cache_length
+from energyformer.layers.monotone import DEFAULT_MAX_HALVINGS, accept_lower_energy_step
 from energyformer.layers.nrgpt import NRGPTBlock
 from energyformer.layers.truncation import first_graph_step, step_grad_mode
 
@@ -76,13 +78,20 @@ class NRGPTRecurrent(nn.Module):
             return None
         return self.step_scales[min(t, self.step_scales.numel() - 1)]
 
+    #: ``(B, N)`` int64: the updates each token got in the last call with ``exit`` or ``stop_tol`` (else ``None``)
+    exit_steps: torch.Tensor | None = None
+
     def forward(self, x: torch.Tensor, *, n_steps: int | None = None, stop_tol: float | None = None,
-                cache: Any = None, backprop_steps: int | None = None) -> torch.Tensor:
+                cache: Any = None, backprop_steps: int | None = None, exit: Any = None,
+                accept_lower_energy: bool = False, max_halvings: int = DEFAULT_MAX_HALVINGS) -> torch.Tensor:
         """The states after the descent: :meth:`descend`."""
-        return self.descend(x, n_steps=n_steps, stop_tol=stop_tol, cache=cache, backprop_steps=backprop_steps)
+        return self.descend(x, n_steps=n_steps, stop_tol=stop_tol, cache=cache, backprop_steps=backprop_steps,
+                            exit=exit, accept_lower_energy=accept_lower_energy, max_halvings=max_halvings)
 
     def descend(self, x: torch.Tensor, *, n_steps: int | None = None, stop_tol: float | None = None,
-                cache: Any = None, backprop_steps: int | None = None) -> torch.Tensor:
+                cache: Any = None, backprop_steps: int | None = None, exit: Any = None,
+                readout: Any = None, accept_lower_energy: bool = False,
+                max_halvings: int = DEFAULT_MAX_HALVINGS) -> torch.Tensor:
         """Run the recurrent energy descent from ``x⁰ = x``.
 
         Args:
@@ -104,6 +113,19 @@ class NRGPTRecurrent(nn.Module):
             backprop_steps: truncated back-propagation (training): the first ``T − k`` steps run
                 under ``torch.no_grad()`` and only the last ``k`` keep a graph; ``None`` or
                 ``k ≥ T``: every step (:mod:`energyformer.layers.truncation`). Not with a cache.
+            exit: per-token adaptive exit (docs/inference_compute.md §2–§4): an
+                :class:`~energyformer.layers.exit.ExitCriterion` or its spelling ``"name:threshold"``
+                (``"kl:1e-3"``, ``"rel:0.03"``, ``"energy:1e-3"``, ``"grad:1e-2"``, ``"abs:1e-2"``, or a
+                registered one); ``T`` is then the most steps a token gets. An exited token keeps its
+                state; later tokens read that frozen state at every later step (cached or not).
+                Not with ``stop_tol``. ``self.exit_steps`` ``(B, N)`` holds the steps each token got.
+            readout: ``readout(x (B, N, d)) -> logits (B, N, V)`` for criteria needing logits (``kl``);
+                the language model passes its LM head.
+            accept_lower_energy: accept a token's step only if it does not raise its energy
+                ``E_i`` (earlier tokens held at their step-``t`` states), halving the step up to
+                ``max_halvings`` times, then rejecting it (:mod:`energyformer.layers.monotone`,
+                docs/inference_compute.md §5).
+            max_halvings: see ``accept_lower_energy`` (≥ 0).
 
         Returns:
             the residual stream after the descent ``xᵀ`` ``(B, N, d)`` (``x`` plus every step, not a
@@ -114,16 +136,31 @@ class NRGPTRecurrent(nn.Module):
 
         Raises:
             ValueError: ``n_steps < 1``, ``stop_tol < 0``, ``backprop_steps < 1`` or given with a
-                cache, a cache filled with another ``n_steps``/``stop_tol``, a cache while tracing.
+                cache, a cache filled with another ``n_steps``/``stop_tol``/``exit``, a cache while
+                tracing, an unknown ``exit`` (names the known criteria), ``exit`` with ``stop_tol``,
+                ``max_halvings < 0``.
         """
         T = self.n_steps if n_steps is None else check_int("n_steps", n_steps, 1)
         if stop_tol is not None:
             stop_tol = check_float("stop_tol", stop_tol, 0.0)
+        crit = parse_exit(exit)
+        if crit is not None and stop_tol is not None:
+            raise ValueError(f"give exit={crit.spec()!r} or stop_tol={stop_tol}, not both "
+                             "(stop_tol is an energy-change exit of its own)")
+        check_int("max_halvings", max_halvings, 0)
+        adaptive = crit is not None or bool(accept_lower_energy)
         first_graph = first_graph_step(T, backprop_steps)
+        if self.exit_steps is not None:  # (no attribute write in the plain path: torch.compile)
+            self.exit_steps = None
         if cache is not None:
             if backprop_steps is not None:
                 raise ValueError(f"backprop_steps={backprop_steps} is for training; call without a cache")
+            if adaptive:
+                return self._descend_cached_adaptive(x, cache, T, crit, readout, bool(accept_lower_energy),
+                                                     max_halvings)
             return self._descend_cached(x, cache, T, stop_tol)
+        if adaptive:
+            return self._descend_adaptive(x, T, crit, readout, bool(accept_lower_energy), max_halvings, first_graph)
         sink = self.block._trace
         track = sink is not None or stop_tol is not None
         e_prev = self._energies(x) if track else None
@@ -153,6 +190,131 @@ class NRGPTRecurrent(nn.Module):
         if sink is not None:
             sink.record(ran, x, e_prev)
             sink.trace.steps_taken = steps
+        if steps is not None:
+            self.exit_steps = steps
+        return x
+
+    # ------------------------------------------------------------------------------------------
+    # adaptive exit and energy-safe steps (docs/inference_compute.md): the loop of descend, per token
+    def _supports(self, readout: Any) -> frozenset[str]:
+        return frozenset({"energy", "grad"} | ({"logits"} if readout is not None else set()))
+
+    def _safe_step(self, x: torch.Tensor, force: torch.Tensor, t: int, monotone: bool, max_halvings: int,
+                   energy: Any) -> torch.Tensor:
+        """``x − κ_t η(force)``, or with ``monotone`` the energy-safe step (``energy(states) -> (B, N)``)."""
+        x_full = self.block.step(x, force, self.step_scale(t))
+        if not monotone:
+            return x_full
+        return accept_lower_energy_step(x, x_full, energy, max_halvings)
+
+    def _descend_adaptive(self, x: torch.Tensor, T: int, crit: Any, readout: Any, monotone: bool,
+                          max_halvings: int, first_graph: int) -> torch.Tensor:
+        """:meth:`descend` with ``exit`` and/or ``accept_lower_energy`` on a whole sequence ``(B, N, d)``.
+
+        The plain loop (``exit`` never firing, no ``monotone``) gives exactly the states of
+        :meth:`descend` without them (tested): each step is ``block.step(x, block.force(x))``."""
+        blk, sink = self.block, self.block._trace
+        state = ExitState(crit, x, self._supports(readout), "NRGPT") if crit is not None else None
+        needs = state.needs if state is not None else frozenset()
+        e_prev = self._energies(x) if ("energy" in needs or sink is not None) else None
+        lg_prev = readout_logits(readout, x) if "logits" in needs else None
+        force, ran = None, 0
+        for t in range(T):
+            with step_grad_mode(t, first_graph):
+                f = blk.force(x) if force is None else force
+                if sink is not None:
+                    with torch.no_grad():
+                        sink.record(t, x, e_prev, f)
+                context = x
+                x_new = self._safe_step(x, f, t, monotone, max_halvings,
+                                        lambda s, c=context: blk.energy_in_context(s, c))
+                if state is not None:
+                    x_new = state.apply(x, x_new)
+            force, ran = None, t + 1
+            go_on = True
+            if state is not None and t + 1 < T:
+                view = ExitView(t, x, x_new)
+                if "energy" in needs or sink is not None:
+                    e_new = self._energies(x_new)
+                    if "energy" in needs:
+                        view.energy_prev, view.energy_new = e_prev["total"], e_new["total"]
+                    e_prev = e_new
+                if "grad" in needs:
+                    grad = blk.force(x_new)
+                    view.grad_new = grad
+                    force = None if torch.is_grad_enabled() else grad  # the next step's force, reused
+                if "logits" in needs:
+                    lg_new = readout_logits(readout, x_new)
+                    view.logits_prev, view.logits_new = lg_prev, lg_new
+                    lg_prev = lg_new
+                go_on = state.update(view)
+            elif sink is not None:
+                e_prev = self._energies(x_new)
+            x = x_new
+            if not go_on:
+                break
+        if sink is not None:
+            sink.record(ran, x, e_prev if e_prev is not None else self._energies(x))
+            if state is not None:
+                sink.trace.steps_taken = state.steps
+        self.exit_steps = state.steps if state is not None else None
+        return x
+
+    def _check_cache_meta(self, cache: Any, want: dict[str, Any]) -> None:
+        """Record what ``cache`` is filled with; refuse a reuse with other options."""
+        meta = getattr(cache, "meta", None)
+        if isinstance(meta, dict):
+            have = {k: meta.get(k) for k in want}
+            if cache_length(cache) and have != want:
+                raise ValueError(f"this cache was filled with {have}; got {want} (start a new cache to change them)")
+            meta.update(want)
+
+    def _descend_cached_adaptive(self, x: torch.Tensor, cache: Any, T: int, crit: Any, readout: Any,
+                                 monotone: bool, max_halvings: int) -> torch.Tensor:
+        """:meth:`_descend_adaptive` for new positions ``x`` (B, N, d) after the cached ones.
+
+        The cache rule (docs/inference_compute.md §4): slot ``t`` holds every token's keys at step
+        ``t``; a token that exited at step ``s < t`` stores the keys of its state frozen at ``s``.
+        The order of the uncached loop is kept: the criterion on the transition ``t−1 → t`` is
+        evaluated at iteration ``t`` from slot ``t``'s keys, then step ``t`` is taken; once every new
+        token has exited, the remaining slots get the keys of the (unchanged) states.
+        """
+        blk = self.block
+        if blk._trace is not None:
+            raise ValueError("tracing records whole sequences; call the model without a cache "
+                             "(generate(..., use_cache=False)) while tracing")
+        self._check_cache_meta(cache, {"n_steps": T, "stop_tol": None,
+                                       "exit": None if crit is None else crit.spec(),
+                                       "accept_lower_energy": monotone or None})
+        state = ExitState(crit, x, self._supports(readout), "NRGPT") if crit is not None else None
+        needs = state.needs if state is not None else frozenset()
+        x_prev = e_prev = lg_prev = None
+        for t in range(T):
+            g = blk.normalize(x)
+            keys = blk.cache_keys(g, cache, t)
+            f = blk.force_from_keys(g, keys)
+            e_t = lg_t = None
+            if "energy" in needs:
+                e = blk.energy_from_keys(g, keys)
+                e_t = e["attn"] + e["ff"]
+            if "logits" in needs:
+                lg_t = readout_logits(readout, x)
+            if state is not None and t > 0:
+                view = ExitView(t - 1, x_prev, x, e_prev, e_t, f if "grad" in needs else None, lg_prev, lg_t)
+                if not state.update(view):
+                    for later in range(t + 1, T):  # exited: the same state, the same keys
+                        blk.cache_keys(g, cache, later)
+                    break
+
+            def energy(s: torch.Tensor, keys: torch.Tensor = keys) -> torch.Tensor:
+                e = blk.energy_from_keys(blk.normalize(s), keys)
+                return e["attn"] + e["ff"]
+
+            x_new = self._safe_step(x, f, t, monotone, max_halvings, energy)
+            if state is not None:
+                x_new = state.apply(x, x_new)
+            x_prev, e_prev, lg_prev, x = x, e_t, lg_t, x_new
+        self.exit_steps = state.steps if state is not None else None
         return x
 
     def _descend_cached(self, x: torch.Tensor, cache: Any, T: int, stop_tol: float | None) -> torch.Tensor:
@@ -171,6 +333,9 @@ class NRGPTRecurrent(nn.Module):
         meta = getattr(cache, "meta", None)
         if isinstance(meta, dict):
             want = {"n_steps": T, "stop_tol": stop_tol}
+            if meta.get("exit") is not None or meta.get("accept_lower_energy") is not None:
+                raise ValueError(f"this cache was filled with exit={meta.get('exit')!r}, accept_lower_energy="
+                                 f"{meta.get('accept_lower_energy')}; start a new cache to change them")
             have = {k: meta.get(k) for k in want}
             if offset and have != want:
                 raise ValueError(f"this cache was filled with n_steps={have['n_steps']}, stop_tol={have['stop_tol']}; "

@@ -20,6 +20,8 @@ import torch
 from energyformer._validate import check_float, check_int
 from energyformer.layers.cem import CEMBlock
 from energyformer.layers.cem_options import INTERACTIONS, MLP_TIES
+from energyformer.layers.exit import parse_exit
+from energyformer.layers.monotone import DEFAULT_MAX_HALVINGS
 from energyformer.layers.step_maps import STEP_MAPS
 from energyformer.models.base import LlamaStyleLM
 from energyformer.models.config import LlamaShapeConfig
@@ -99,8 +101,13 @@ class CEMLlama(LlamaStyleLM):
     def make_layer(self, c: CEMConfig) -> CEMBlock:
         return cem_block(c)
 
+    #: ``(B, N)`` int64: the descent steps each token got in every sub-block of every layer together,
+    #: after a call with ``exit`` (else ``None``)
+    exit_steps: torch.Tensor | None = None
+
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, n_steps: int | None = None,
-                backprop_steps: int | None = None, cache=None):
+                backprop_steps: int | None = None, cache=None, exit=None, accept_lower_energy: bool = False,
+                max_halvings: int = DEFAULT_MAX_HALVINGS):
         """``idx (B, N)`` int64 → ``(logits (B, N, V), loss or None)``.
 
         ``n_steps=K`` runs ``K`` descent steps in both sub-blocks of every layer for this call
@@ -109,14 +116,27 @@ class CEMLlama(LlamaStyleLM):
         only, the earlier ones run under ``torch.no_grad()`` (docs/models.md, randomized depth).
         ``cache``: as in :meth:`LlamaStyleLM.forward <energyformer.models.base.LlamaStyleLM.forward>`
         (the keys/values are computed once per sub-block, so any ``n_steps`` decodes with one cache).
+        ``exit`` (``"rel:0.03"``, ``"energy:1e-3"``, ``"grad:1e-2"``, ``"abs:1e-2"``; not ``kl``) stops each
+        token's descent inside every sub-block separately, ``accept_lower_energy`` makes every
+        accepted step lower the token's sub-block energy (docs/inference_compute.md §3, §5); the
+        context of a sub-block is its input, so neither changes what the cache holds.
 
         Raises:
             ValueError: bad ids, shape or length; ``n_steps < 1`` (or above the per-step factors);
-                ``backprop_steps < 1`` or with a cache.
+                ``backprop_steps < 1`` or with a cache; an unknown ``exit`` or ``kl`` (no readout
+                inside a layer); ``accept_lower_energy`` with ``rope="llama"`` (no energy).
         """
         steps = {} if n_steps is None and backprop_steps is None else \
             {"n_steps": n_steps, "backprop_steps": backprop_steps}
-        return self.run_layers(idx, targets, cache, **steps)
+        crit = parse_exit(exit)
+        if crit is not None or accept_lower_energy:
+            steps.update(exit=crit, accept_lower_energy=accept_lower_energy, max_halvings=max_halvings)
+        if self.exit_steps is not None:
+            self.exit_steps = None
+        out = self.run_layers(idx, targets, cache, **steps)
+        if crit is not None:
+            self.exit_steps = sum(b.exit_steps for b in getattr(self, self.layers_name))
+        return out
 
 
 def cem_block(c: CEMConfig) -> CEMBlock:

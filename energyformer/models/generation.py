@@ -48,7 +48,10 @@ class GenerationMixin:
                 is then 3/4 to all of ``block_size``); ``use_cache=False`` recomputes the last
                 ``block_size`` tokens for every token (the classic sliding window). Under
                 ``model.trace()`` the cache is not used (tracing records whole sequences).
-            forward_kwargs: passed to ``forward`` (e.g. ``n_steps``, ``stop_tol`` for NRGPT).
+            forward_kwargs: passed to ``forward`` (e.g. ``n_steps``, ``stop_tol`` for NRGPT; ``exit``
+                and ``accept_lower_energy``, docs/inference_compute.md). With ``exit`` (or ``stop_tol``)
+                the steps each generated token got are kept in ``model.generated_exit_steps``: a
+                ``(B, L)`` int64 tensor for a tensor ``idx``, one 1-D tensor per prompt for a list.
 
         Returns:
             for a tensor ``idx``: ``(B, N + L)``, ``L ≤ max_new_tokens`` (fewer only when every row
@@ -71,11 +74,14 @@ class GenerationMixin:
                     forward_kwargs=forward_kwargs)
         was_training = self.training
         self.eval()
+        self.generated_exit_steps = None
         try:  # the prompts' ids are checked here, once; the decoding loop's forwards skip it
             if isinstance(idx, torch.Tensor):
                 self.check_input(idx[:, -self.config.block_size:] if idx.dim() == 2 else idx)
                 with self.ids_checked():
-                    return self._generate_rows(idx, max_new_tokens, **opts)[0]
+                    seqs, _, steps = self._generate_rows(idx, max_new_tokens, **opts)
+                self.generated_exit_steps = steps
+                return seqs
             return self._generate_list(idx, max_new_tokens, opts)
         finally:
             self.train(was_training)
@@ -92,18 +98,25 @@ class GenerationMixin:
                 raise ValueError(f"prompt {i} must be a 1-D sequence of token ids, got shape {tuple(r.shape)}")
             self.check_input(r[None, -self.config.block_size:])
         out: list[torch.Tensor | None] = [None] * len(rows)
+        steps_out: list[torch.Tensor | None] = [None] * len(rows)
         for n in sorted({len(r) for r in rows}):
             members = [i for i, r in enumerate(rows) if len(r) == n]
             with self.ids_checked():
-                seqs, n_new = self._generate_rows(torch.stack([rows[i] for i in members]), max_new_tokens, **opts)
+                seqs, n_new, steps = self._generate_rows(torch.stack([rows[i] for i in members]), max_new_tokens,
+                                                         **opts)
             for j, i in enumerate(members):
                 out[i] = seqs[j, : n + int(n_new[j])]
+                if steps is not None:
+                    steps_out[i] = steps[j, : int(n_new[j])]
+        if any(s is not None for s in steps_out):
+            self.generated_exit_steps = steps_out
         return out  # type: ignore[return-value]
 
     def _generate_rows(self, idx: torch.Tensor, max_new_tokens: int, *, temperature, top_k, top_p, min_p,
                        repetition_penalty, generator, vocab_limit, stop_set, stop, use_cache,
-                       forward_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        """Decode a batch of equal-length prompts; returns ``(sequences (B, N + L), new tokens per row (B,))``.
+                       forward_kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Decode a batch of equal-length prompts; returns ``(sequences (B, N + L), new tokens per row (B,),
+        the steps each new token got (B, L) or None)`` (the steps when the forward sets ``exit_steps``).
 
         No host read per token (unless ``stop``/``stop_ids`` ask for one): whether the logits stayed
         finite is accumulated on the device and read once at the end.
@@ -118,6 +131,7 @@ class GenerationMixin:
         done = torch.zeros(b, dtype=torch.bool, device=idx.device)
         finite = torch.ones((), dtype=torch.bool, device=idx.device)
         cache, seq = None, idx
+        steps: list[torch.Tensor] = []
         for _ in range(max_new_tokens):
             if not use_cache:
                 logits, _ = self(seq[:, -block:], **forward_kwargs)
@@ -126,6 +140,9 @@ class GenerationMixin:
                 logits, _ = self(seq[:, -(block if seq.shape[1] == n0 else keep):], cache=cache, **forward_kwargs)
             else:
                 logits, _ = self(seq[:, -1:], cache=cache, **forward_kwargs)
+            used = getattr(self, "exit_steps", None)
+            if used is not None:
+                steps.append(used[:, -1])
             last = logits[:, -1, :].float()
             ok = torch.isfinite(last[:, : vocab_limit or last.size(-1)]).all()
             finite &= ok
@@ -140,7 +157,7 @@ class GenerationMixin:
                 break
         if not bool(finite):
             raise ValueError("the model produced non-finite logits (NaN/Inf): its weights have diverged")
-        return seq, n_new
+        return seq, n_new, (torch.stack(steps, dim=1) if steps and len(steps) == seq.shape[1] - n0 else None)
 
     @staticmethod
     def _stop_rows(nxt: torch.Tensor, generated: torch.Tensor, done: torch.Tensor, stop_set: set[int] | None,

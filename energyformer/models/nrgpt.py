@@ -25,6 +25,7 @@ import torch.nn as nn
 
 from energyformer._validate import check_choice, check_float, check_int, check_width
 from energyformer.layers.kv_cache import cache_length
+from energyformer.layers.monotone import DEFAULT_MAX_HALVINGS
 from energyformer.layers.norms import LayerNorm, canonical_norm
 from energyformer.layers.nrgpt import NRGPTBlock
 from energyformer.layers.nrgpt_options import FF_ENERGIES, MASKS, NRGPT_ATTENTIONS
@@ -171,7 +172,8 @@ class NRGPT(NRGPTRecurrent, LearnedPositionLM):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
                 n_steps: int | None = None, stop_tol: float | None = None, cache=None,
-                backprop_steps: int | None = None):
+                backprop_steps: int | None = None, exit=None, accept_lower_energy: bool = False,
+                max_halvings: int = DEFAULT_MAX_HALVINGS):
         """Embed, run the recurrent energy descent (:meth:`NRGPTRecurrent.descend
         <energyformer.layers.nrgpt_recurrent.NRGPTRecurrent.descend>`), apply the LM head.
 
@@ -183,6 +185,11 @@ class NRGPT(NRGPTRecurrent, LearnedPositionLM):
                 defaults to ``config.n_steps``; with a cache ``idx`` follows the cached positions;
                 ``backprop_steps=k`` back-propagates through the last ``k`` steps only, so with
                 ``k < n_steps`` the embeddings get no gradient from that call).
+            exit, accept_lower_energy, max_halvings: per-token adaptive exit (``"kl:1e-3"``, ...;
+                ``n_steps`` is then the most steps a token gets) and energy-safe steps, as in
+                :meth:`~energyformer.layers.nrgpt_recurrent.NRGPTRecurrent.descend`
+                (docs/inference_compute.md). The readout of ``kl`` is this model's LM head. After
+                the call ``model.exit_steps`` ``(B, N)`` int64 holds the updates each token got.
 
         Returns:
             ``(logits (B, N, V), loss or None)``. Under ``with model.trace() as trace:`` the trace
@@ -201,6 +208,11 @@ class NRGPT(NRGPTRecurrent, LearnedPositionLM):
         offset = cache_length(cache)
         self.check_input(idx, targets, offset)
         x = self.descend(self.embed(idx, offset), n_steps=n_steps, stop_tol=stop_tol, cache=cache,
-                         backprop_steps=backprop_steps)
-        logits = self.lm_head(self.ln_f(x))
+                         backprop_steps=backprop_steps, exit=exit, readout=self.readout,
+                         accept_lower_energy=accept_lower_energy, max_halvings=max_halvings)
+        logits = self.readout(x)
         return logits, self.lm_loss(logits, targets)
+
+    def readout(self, x: torch.Tensor) -> torch.Tensor:
+        """Next-token logits of states ``x`` ``(B, N, d)``: ``lm_head(ln_f(x))`` ``(B, N, V)``."""
+        return self.lm_head(self.ln_f(x))
