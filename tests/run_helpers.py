@@ -43,21 +43,6 @@ def make_run(path: Path, spec: dict, meta: dict | None = None, seed: int = 0, co
     return path
 
 
-def make_data(path: Path, n_chars: int = 3000, seed: int = 0) -> Path:
-    """A prepared char dataset over :data:`CHARS` (train.bin / val.bin / meta.json)."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    text = "".join(rng.choice(TEXT.split(" "), size=n_chars // 4).tolist())
-    ids = np.array([CHARS.index(c) for c in " ".join(text)], dtype=np.uint16)
-    path.mkdir(parents=True, exist_ok=True)
-    n = int(0.8 * len(ids))
-    ids[:n].tofile(path / "train.bin")
-    ids[n:].tofile(path / "val.bin")
-    (path / "meta.json").write_text(json.dumps({**char_meta(), "n_train": n, "n_val": len(ids) - n}))
-    return path
-
-
 def local_task(folder: Path, docs: list[dict], name: str = "tiny_local_mc") -> Path:
     """``folder`` holding an lm-eval multiple-choice task ``name`` over ``docs`` (``{"q", "choices",
     "answer"}``) read from a local jsonl file (no hub); pass it as ``include_path``."""

@@ -4,8 +4,6 @@ import hashlib
 import json
 
 import pytest
-import yaml
-from helpers import make_data_dir
 
 from energyformer.cli import main
 from energyformer.data import load_meta
@@ -22,21 +20,6 @@ def _snapshot(root):
             for p in sorted(root.rglob("*"))}
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    """A finished two-step run (config.yaml, checkpoint.json, meta.json, metrics.jsonl, summary.json)."""
-    root = tmp_path_factory.mktemp("guard")
-    data = make_data_dir(root / "data")
-    recipe = root / "r.yaml"
-    recipe.write_text(yaml.safe_dump({
-        "model": {"arch": "gpt", "d_model": 16, "n_layers": 1, "n_heads": 2, "block_size": 8},
-        "data": {"data_dir": str(data)},
-        "train": {"max_steps": 2, "batch_size": 2, "eval_interval": 2, "eval_iters": 1, "warmup_steps": 1,
-                  "device": "cpu", "out_dir": str(root / "run")}}))
-    assert main(["train", str(recipe)]) == 0
-    return root / "run"
-
-
 def test_the_run_files_are_the_run_layouts_names():
     from energyformer.runs import layout
 
@@ -45,34 +28,34 @@ def test_the_run_files_are_the_run_layouts_names():
 
 
 @pytest.mark.parametrize("kind", ["text", "hf", "text-force", "hf-force"])
-def test_prepare_never_writes_into_a_run_directory(run_dir, tmp_path, capsys, monkeypatch, kind):
+def test_prepare_never_writes_into_a_run_directory(tiny_run, tmp_path, capsys, monkeypatch, kind):
     if kind.startswith("hf"):
         pytest.importorskip("datasets")
     monkeypatch.chdir(tmp_path)
     (tmp_path / "corpus.txt").write_text(TEXT)
     (tmp_path / "corpus.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS))
-    argv = {"text": ["prepare", "text", "corpus.txt", "--out", str(run_dir)],
+    argv = {"text": ["prepare", "text", "corpus.txt", "--out", str(tiny_run)],
             "hf": ["prepare", "hf", "--dataset", "corpus.jsonl", "--tokenizer", "char", "--num-proc", "1",
-                   "--out", str(run_dir)]}[kind.split("-")[0]]
+                   "--out", str(tiny_run)]}[kind.split("-")[0]]
     argv += ["--force"] if kind.endswith("force") else []
-    before = _snapshot(run_dir)
+    before = _snapshot(tiny_run)
     capsys.readouterr()
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"error: the dataset folder {str(run_dir)!r} holds a training run "
+    assert len(err) == 1 and err[0].startswith(f"error: the dataset folder {str(tiny_run)!r} holds a training run "
                                                "(config.yaml, checkpoint.json, summary.json"), err
     assert "never writes into a run directory" in err[0]
-    assert _snapshot(run_dir) == before  # meta.json kept, no train.bin / val.bin / shards
-    assert main(["sample", str(run_dir), "--max-new-tokens", "3", "--device", "cpu"]) == 0
+    assert _snapshot(tiny_run) == before  # meta.json kept, no train.bin / val.bin / shards
+    assert main(["sample", str(tiny_run), "--max-new-tokens", "3", "--device", "cpu"]) == 0
 
 
 @pytest.mark.parametrize("name,options", [("listops", dict(n_train=50, n_val=10, n_test=10)),
                                           ("gp", dict(n_points=4, n_train=8, n_val=4, n_test=4, x_dim=1))])
-def test_generated_datasets_refuse_a_run_directory(run_dir, name, options):
-    before = _snapshot(run_dir)
+def test_generated_datasets_refuse_a_tiny_runectory(tiny_run, name, options):
+    before = _snapshot(tiny_run)
     with pytest.raises(ValueError, match="holds a training run"):
-        prepare_task_data(name, out_dir=run_dir, force=True, verbose=False, **options)
-    assert _snapshot(run_dir) == before
+        prepare_task_data(name, out_dir=tiny_run, force=True, verbose=False, **options)
+    assert _snapshot(tiny_run) == before
 
 
 def test_a_dataset_of_other_settings_is_replaced_only_with_force(tmp_path, capsys):

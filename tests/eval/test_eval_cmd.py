@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 pytest.importorskip("lm_eval")
 
-from run_helpers import CHARS, local_task, make_data, make_run  # noqa: E402
+from helpers import make_data_dir  # noqa: E402
+from run_helpers import CHARS, local_task, make_run  # noqa: E402
 
 from energyformer.cli import main  # noqa: E402
 from energyformer.data import CharTokenizer  # noqa: E402
@@ -81,7 +82,7 @@ def test_accuracy_table():
 
 
 def test_val_loss_equals_cross_entropy_by_hand(tmp_path):
-    data = make_data(tmp_path / "data")
+    data = make_data_dir(tmp_path / "data", chars=CHARS)
     run = make_run(tmp_path / "run", {"arch": "gpt"}, data_dir=data)
     model = load_run(run)[0]
     got = val_loss(model, data, CharTokenizer(CHARS), batch_size=3)
@@ -101,7 +102,7 @@ def test_val_loss_equals_cross_entropy_by_hand(tmp_path):
 def test_val_loss_reads_a_uint32_corpus_by_its_meta_dtype(tmp_path):
     """``prepare hf`` writes uint32 tokens for big vocabularies: val_loss reads the dtype meta.json
     names (read as uint16, each id would be two tokens and the count double)."""
-    data = make_data(tmp_path / "data")
+    data = make_data_dir(tmp_path / "data", chars=CHARS)
     wide = tmp_path / "wide"
     wide.mkdir()
     for split in ("train", "val"):
@@ -116,7 +117,7 @@ def test_val_loss_reads_a_uint32_corpus_by_its_meta_dtype(tmp_path):
 
 
 def test_eval_command_writes_json_and_markdown(tmp_path, capsys):
-    data = make_data(tmp_path / "data")
+    data = make_data_dir(tmp_path / "data", chars=CHARS)
     run = make_run(tmp_path / "run", {"arch": "nrgpt"}, data_dir=data)
     assert main(["eval", str(run), "--tasks", "mmlu_dev,val_loss", "--limit", "12",
                  "--out", str(tmp_path / "r" / "report.json")]) == 0
@@ -140,7 +141,7 @@ def test_eval_shows_a_line_per_task_and_progress_bars_on_stderr(tmp_path, capsys
 
     from energyformer.eval.suite import evaluate_run
 
-    run = make_run(tmp_path / "run", {"arch": "gpt"}, data_dir=make_data(tmp_path / "data"))
+    run = make_run(tmp_path / "run", {"arch": "gpt"}, data_dir=make_data_dir(tmp_path / "data", chars=CHARS))
     out = ["--out", str(tmp_path / "r.json")]
     capsys.readouterr()
     evaluate_run(run, "mmlu_dev,val_loss", limit=2, out=tmp_path / "r.json", progress=True)
@@ -176,7 +177,7 @@ def _no_hub(monkeypatch, endpoint="http://127.0.0.1:9"):
 
 def test_a_hub_task_fails_at_once_in_one_line_when_the_hub_is_unreachable(tmp_path, monkeypatch, capsys):
     loads = _no_hub(monkeypatch)
-    run = make_run(tmp_path / "run", {"arch": "gpt"}, data_dir=make_data(tmp_path / "data"))
+    run = make_run(tmp_path / "run", {"arch": "gpt"}, data_dir=make_data_dir(tmp_path / "data", chars=CHARS))
     assert main(["eval", str(run), "--tasks", "val_loss,arc_easy", "--out", str(tmp_path / "r.json")]) == 2
     assert capsys.readouterr().err == (
         "error: task 'arc_easy' needs the Hugging Face hub (http://127.0.0.1:9 unreachable; its data: "
@@ -201,7 +202,7 @@ def test_one_eval_indexes_lm_evals_tasks_once(tmp_path, monkeypatch):
         return real(*args, **{**kwargs, "include_defaults": False})
 
     monkeypatch.setattr(lm_eval.tasks, "TaskManager", counting)
-    run = make_run(tmp_path / "run", {"arch": "gpt"}, data_dir=make_data(tmp_path / "data"))
+    run = make_run(tmp_path / "run", {"arch": "gpt"}, data_dir=make_data_dir(tmp_path / "data", chars=CHARS))
     doc = [{"q": "the cat", "choices": [" sat", " ran"], "answer": 0}]
     tasks = local_task(tmp_path / "tasks", doc)
     local_task(tasks, doc, name="tiny_local_mc2")
@@ -256,7 +257,7 @@ def test_eval_outside_a_git_repository_prints_no_git_error(tmp_path, monkeypatch
     from energyformer.eval.harness import git_commit_hash
 
     monkeypatch.chdir(tmp_path)  # pytest's temporary folders are outside any repository
-    run = make_run(tmp_path / "run", {"arch": "gpt"}, data_dir=make_data(tmp_path / "data"))
+    run = make_run(tmp_path / "run", {"arch": "gpt"}, data_dir=make_data_dir(tmp_path / "data", chars=CHARS))
     assert main(["eval", str(run), "--tasks", "mmlu_dev", "--limit", "2", "--out", str(tmp_path / "r.json")]) == 0
     err = capfd.readouterr().err
     assert "fatal:" not in err and "not a git repository" not in err, err

@@ -310,13 +310,14 @@ def test_cli_export_and_import_hf(tmp_path, capsys):
 def test_an_imported_run_is_fine_tuned_with_init_from(tmp_path, capsys):
     """import-hf writes weights but no train state: training on it names the command that fine-tunes
     it (--train.init_from), and that fresh run's first loss is the imported model's loss."""
-    from run_helpers import make_data
+    from helpers import make_data_dir
+    from run_helpers import CHARS
 
     from energyformer.data import BatchSampler, load_split
     from energyformer.runs.config import load_config
 
     _, out = _export(tmp_path, {"arch": "nrgpt"})
-    data, imp, ft = make_data(tmp_path / "data"), tmp_path / "imp", tmp_path / "ft"
+    data, imp, ft = make_data_dir(tmp_path / "data", chars=CHARS), tmp_path / "imp", tmp_path / "ft"
     assert main(["import-hf", str(out), "--out", str(imp)]) == 0
     recipe = str(imp / "config.yaml")
     args = ["--data.data_dir", str(data), "--train.max_steps", "2", "--train.batch_size", "4",

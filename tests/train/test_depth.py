@@ -15,7 +15,7 @@ import math
 
 import pytest
 import torch
-from helpers import make_data_dir
+from helpers import tiny_config
 
 from energyformer.models import get_arch
 from energyformer.runs import load_config, load_run
@@ -30,17 +30,8 @@ GPT_REC = dict(arch="gpt_rec", d_model=16, n_heads=2, n_steps=3, dropout=0.1)
 CEM = dict(arch="cem", d_model=16, n_heads=2, n_layers=2, n_steps=2)
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return make_data_dir(tmp_path_factory.mktemp("data") / "tiny")
-
-
 def cfg(data_dir, out_dir, model, **train_kw):
-    t = dict(out_dir=str(out_dir), max_steps=6, batch_size=4, eval_interval=3, eval_iters=1, log_interval=1,
-             warmup_steps=2, learning_rate=3e-3, device="cpu")
-    t.update(train_kw)
-    return load_config({"model": dict(block_size=16, **model), "data": {"data_dir": str(data_dir)}, "train": t},
-                       resolve_vocab=True)
+    return tiny_config(data_dir, out_dir, model, **{"max_steps": 6, "eval_interval": 3, **train_kw})
 
 
 def spy_forward(monkeypatch, arch):

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import make_data_dir
+from helpers import tiny_config_dict
 
 from energyformer.runs import find_checkpoint, load_run, read_metrics
 
@@ -33,17 +33,10 @@ GPT = {"arch": "gpt", "d_model": 32, "n_layers": 2, "n_heads": 2, "block_size": 
 NRGPT = {"arch": "nrgpt", "d_model": 32, "n_heads": 2, "n_steps": 2, "block_size": 16}
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return make_data_dir(tmp_path_factory.mktemp("data") / "tiny")
-
-
 def recipe(tmp_path, data_dir, model, **train):
-    t = {"max_steps": 10, "batch_size": 4, "eval_interval": 5, "eval_iters": 3, "log_interval": 1,
-         "warmup_steps": 2, "learning_rate": 3e-3, "device": "cpu", "num_threads": 1}
-    t.update(train)
     path = tmp_path / f"{model['arch']}.yaml"
-    path.write_text(yaml.safe_dump({"model": model, "data": {"data_dir": str(data_dir)}, "train": t}))
+    path.write_text(yaml.safe_dump(tiny_config_dict(data_dir, None, model, **{"eval_iters": 3, "num_threads": 1,
+                                                                               **train})))
     return path
 
 

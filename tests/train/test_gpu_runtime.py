@@ -9,12 +9,11 @@ import warnings
 import pytest
 import torch
 import torch.distributed as tdist
-from helpers import make_data_dir
+from helpers import tiny_config
 
 from energyformer import commands
 from energyformer.models.base import CausalLM
 from energyformer.models.registry import build_model
-from energyformer.runs import load_config
 from energyformer.runs import rng as rng_mod
 from energyformer.runs.checkpoint import find_checkpoint
 from energyformer.runs.config import TrainConfig
@@ -27,17 +26,9 @@ from energyformer.train.parallelize import mixed_precision_policy
 from energyformer.utils import device as device_mod
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return make_data_dir(tmp_path_factory.mktemp("data") / "tiny")
-
-
 def cfg(data_dir, out_dir, **train_kw):
-    t = dict(out_dir=str(out_dir), max_steps=10, batch_size=4, eval_interval=10, eval_iters=2, log_interval=5,
-             warmup_steps=2, learning_rate=3e-3, device="cpu")
-    t.update(train_kw)
-    return load_config({"model": dict(arch="gpt", d_model=32, n_layers=2, n_heads=2, block_size=16),
-                        "data": {"data_dir": str(data_dir)}, "train": t}, resolve_vocab=True)
+    return tiny_config(data_dir, out_dir, "gpt", **{"eval_interval": 10, "eval_iters": 2, "log_interval": 5,
+                                                    **train_kw})
 
 
 # ---------------------------------------------------------------- dtype, backends, peak table

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from helpers import make_data_dir
+from helpers import make_data_dir, tiny_config
 
 from energyformer.models import ARCHS, get_arch
 from energyformer.runs import load_config, load_run
@@ -18,22 +18,10 @@ from energyformer.train import loop as loop_mod
 from energyformer.train.optim import build_optimizer, param_groups
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return make_data_dir(tmp_path_factory.mktemp("data") / "tiny")
-
-
 def tiny_cfg(data_dir, out_dir, model=None, **train_kw):
-    train_cfg = dict(out_dir=str(out_dir), max_steps=30, batch_size=8, eval_interval=10, eval_iters=2,
-                     log_interval=1, warmup_steps=3, learning_rate=3e-3, device="cpu")
-    train_cfg.update(train_kw)
-    model_cfg = dict(arch="gpt", d_model=32, n_layers=2, n_heads=2, block_size=16)
-    if model and "arch" in model:  # another architecture: its own fields only
-        model_cfg = dict(block_size=16, **model)
-    else:
-        model_cfg.update(model or {})
-    return load_config({"model": model_cfg, "data": {"data_dir": str(data_dir)}, "train": train_cfg},
-                       resolve_vocab=True)
+    """The shared tiny config (the tiny GPT; ``model`` with an ``arch``: that model), trained 30 steps."""
+    return tiny_config(data_dir, out_dir, model or "gpt", **{"max_steps": 30, "batch_size": 8, "eval_interval": 10,
+                                                             "eval_iters": 2, "warmup_steps": 3, **train_kw})
 
 
 def test_training_lowers_loss_and_writes_run_files(data_dir, tmp_path):
