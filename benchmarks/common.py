@@ -151,6 +151,48 @@ def matmul_step(n: int, device: str, precision: str = "fp32") -> Callable[[], to
     return step
 
 
+def matmul_peak(n: int, device: str, precision: str = "bf16", *, warmup_s: float = 1.0,
+                iters: int = 50) -> dict[str, float]:
+    """The sustained square-matmul rate, the peak an MFU is measured against: ``{"n", "ms",
+    "flops_per_s", "iters", "warmup_s"}``, ``ms`` per ``n³`` product.
+
+    Products are issued back to back for at least ``warmup_s`` seconds (clocks and cuBLAS
+    heuristics settle), then ``iters`` more are timed as one stream: with CUDA events on a GPU
+    (no host sync between products), with the wall clock elsewhere.
+
+    Raises:
+        ValueError: ``iters < 1`` or ``warmup_s < 0``.
+    """
+    if iters < 1 or warmup_s < 0:
+        raise ValueError(f"iters={iters} must be >= 1 and warmup_s={warmup_s} >= 0")
+    step = matmul_step(n, device, precision)
+    cuda = str(device).startswith("cuda")
+    t0 = time.perf_counter()
+    warm = 0
+    while True:
+        for _ in range(10):
+            step()
+        warm += 10
+        sync(device)
+        if time.perf_counter() - t0 >= warmup_s:
+            break
+    if cuda:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            step()
+        end.record()
+        end.synchronize()
+        ms = start.elapsed_time(end) / iters
+    else:
+        t1 = time.perf_counter()
+        for _ in range(iters):
+            step()
+        ms = (time.perf_counter() - t1) * 1e3 / iters
+    return {"n": n, "ms": ms, "flops_per_s": flops_per_s(matmul_flops(n), ms), "iters": iters,
+            "warmup_s": time.perf_counter() - t0 - ms * iters / 1e3, "warmup_iters": warm}
+
+
 def autocast(device: str, precision: str):
     """``torch.autocast`` to bf16 for ``precision == "bf16"``, else a no-op context.
 

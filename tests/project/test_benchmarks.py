@@ -277,30 +277,74 @@ def test_bad_arguments_are_one_error_line(bench, tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------------------
-# gpu_check.py (issue 17): the CPU smoke run, and each section's row on its own
+# gpu_check.py (issues 17, 30): the CPU smoke run, a kill mid-row, and each section's row on its own
+
+
+def _gpu_check_cmd(out, *extra):
+    return [sys.executable, str(BENCH / "gpu_check.py"), "--device", "cpu", "--tiny", "--out", str(out), *extra]
+
+
+def _gpu_check_env(**extra):
+    return {**os.environ, "PYTHONPATH": str(BENCH.parent), "OMP_NUM_THREADS": "1", **extra}
 
 
 def test_gpu_check_tiny_cpu_smoke(tmp_path):
-    """``gpu_check.py --device cpu --tiny`` in a subprocess: results.json with every section, the
-    table and one goal line per goal. (Rows a loaded machine has no time for are skipped with a note
-    by the script's own time guards; the rows are tested one by one below. No wall-time assertion:
-    this 2-core machine's load decides it, about 25 s idle; the timeout only catches a hang.)"""
+    """``gpu_check.py --device cpu --tiny`` in a subprocess: the preflight and every section in
+    results.json, the table and one goal line per goal. (Rows a loaded machine has no time for are
+    stopped or skipped with a note by the script's own time limits; the rows are tested one by
+    one below. No wall-time assertion: this 2-core machine's load decides it; the timeout only
+    catches a hang.)"""
     out = tmp_path / "results.json"
-    env = {**os.environ, "PYTHONPATH": str(BENCH.parent)}
-    proc = subprocess.run([sys.executable, str(BENCH / "gpu_check.py"), "--device", "cpu", "--tiny", "--budget", "20",
-                           "--out", str(out)], capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run(_gpu_check_cmd(out, "--budget", "30"), capture_output=True, text=True, timeout=600,
+                          env=_gpu_check_env())
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(out.read_text())
-    assert set(data["sections"]) == {"env", "pytest", "train", "compile", "checkpointing", "generation"}
+    assert list(data["sections"]) == ["env", "pytest", "train", "attention", "checkpointing", "generation",
+                                      "compile"]
     for name, sec in data["sections"].items():
-        assert "error" not in sec and "skipped" not in sec, (name, sec)
+        assert "error" not in sec and "skipped" not in sec and "running" not in sec, (name, sec)
+    assert data["preflight"]["fatal"] is None and data["preflight"]["checks"]["imports"]["ok"]
     assert data["sections"]["env"]["env"]["device"] == "cpu" and data["sections"]["env"]["peak_flops"] > 0
-    assert data["sections"]["pytest"]["timed_out"] or "skipped" in data["sections"]["pytest"]["summary"]
+    assert data["sections"]["env"]["env"]["cudnn_sdpa_avoid_recompile"] == "1"
+    pytest_sec = data["sections"]["pytest"]
+    assert pytest_sec["timed_out"] or "skipped" in pytest_sec["summary"]
+    assert "no goal on the CPU" in pytest_sec["note"]
     assert (tmp_path / "test_cuda.log").exists()
+    assert data["elapsed_s"] <= 30 + 15  # the budget, and the last row's overrun at most
     goal_lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("goal ")]
-    assert len(goal_lines) == len(data["goals"]) >= 1
+    assert len(goal_lines) == len(data["goals"])
     assert all(" met " in ln or " MISSED " in ln for ln in goal_lines)
     assert f"goals: {sum(g['met'] for g in data['goals'])} of {len(data['goals'])} met" in proc.stdout
+
+
+def test_gpu_check_killed_mid_row_keeps_every_finished_row(tmp_path):
+    """SIGKILL while a row runs (the test hook makes the attention row 'cem diag_shared' sleep):
+    results.json, rewritten atomically after every row, holds the preflight, env and the finished
+    'nrgpt full J' row with its numbers and goal, and names the row that was running."""
+    out = tmp_path / "results.json"
+    proc = subprocess.Popen(_gpu_check_cmd(out, "--only", "env,attention", "--budget", "600"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=_gpu_check_env(EF_GPU_CHECK_TEST_SLEEP="cem diag_shared:600"))
+    try:
+        deadline = time.monotonic() + 300
+        data = {}
+        while time.monotonic() < deadline and proc.poll() is None:
+            if out.exists():
+                data = json.loads(out.read_text())  # never a half-written file: it is replaced atomically
+                if data.get("sections", {}).get("attention", {}).get("running", {}).get("name") == "cem diag_shared":
+                    break
+            time.sleep(0.05)
+        else:
+            pytest.fail(f"the run never reached row 'cem diag_shared' (exit {proc.poll()}); last results: {data}")
+    finally:
+        proc.kill()
+        proc.wait()
+    data = json.loads(out.read_text())
+    assert data["preflight"]["fatal"] is None and "peak_flops" in data["sections"]["env"]
+    (row,) = data["sections"]["attention"]["rows"]
+    assert row["name"] == "nrgpt full J" and row["sdpa_ms"] > 0 and row["scores_ms"] > 0 and row["seconds"] > 0
+    assert [g["row"] for g in data["goals"]] == ["nrgpt full J"] and data["goals"] == row["goals"]
+    assert data["sections"]["attention"]["running"]["name"] == "cem diag_shared"
 
 
 @pytest.fixture(scope="module")
@@ -312,50 +356,109 @@ def gpu_check(bench):
         sys.path.remove(str(BENCH))
 
 
-def _tiny_ctx(gc, tmp_path):
-    return gc.Ctx(device="cpu", tiny=True, shape=gc.MODEL_SHAPES["tiny"], vocab=gc.TINY_VOCAB, repeats=1, warmup=0,
-                  backend="eager", log_dir=tmp_path, peak=1e9)
+def _tiny_ctx(gc, tmp_path, out=None):
+    ctx = gc.Ctx(device="cpu", tiny=True, shape=gc.MODEL_SHAPES["tiny"], vocab=gc.TINY_VOCAB, repeats=1, warmup=0,
+                 backend="eager", log_dir=tmp_path, peak=1e9, datasheet_peak=2e9, out=out)
+    ctx.results = {"sections": {}, "goals": ctx.goals}
+    return ctx
 
 
 def test_gpu_check_rows_and_goals(gpu_check, tmp_path):
     """Each section's row function on the tiny shape: the fields the table reads and the goals it
-    adds (bf16 speed-up, math kernel, MFU; compile; checkpointing), and the report's goal lines."""
+    adds (bf16 speed-up, math kernel, MFU; attention paths; compile; checkpointing), and the
+    report's goal lines."""
     gc = gpu_check
     ctx = _tiny_ctx(gc, tmp_path)
     fams = dict(gc.train_families(ctx.shape))
     assert list(fams)[: len(gc.TRAIN_ORDER)] == list(gc.TRAIN_ORDER)
     row = gc.train_row(ctx, "gpt", fams["gpt"])
-    assert {"fp32_ms", "bf16_ms", "bf16_tok_s", "bf16_mfu", "bf16_speedup", "peak_mb", "flops_per_token"} <= row.keys()
+    assert {"fp32_ms", "bf16_ms", "bf16_tok_s", "bf16_mfu", "bf16_mfu_datasheet", "bf16_speedup", "peak_mb",
+            "flops_per_token"} <= row.keys()
+    assert row["bf16_mfu_datasheet"] == pytest.approx(row["bf16_mfu"] / 2)
     assert row["sdpa_kernels"] == {"flash_cpu": 4}  # forward + backward of 2 layers, read from the profiler
     assert [g["goal"] for g in row["goals"]] == ["bf16 speed-up over fp32", "math-kernel SDPA calls (bf16)",
-                                                 "MFU (bf16)"]
+                                                 "MFU (bf16, timed peak)"]
     assert row["goals"][1]["met"] and row["goals"][2]["target"] == 0.40
     assert gc.mfu_goal("nrgpt ff2w") == gc.mfu_goal("cem diag_shared") == 0.30
     assert gc.mfu_goal("gpt_rec_parallel") is None
+    cases = gc.attention_cases(ctx.shape.d_model, ctx.shape.n_heads)
+    att = gc.attention_row(ctx, "cem diag_per_head", cases["cem diag_per_head"])
+    assert att["default_path"] == "sdpa" and att["sdpa_ms"] > 0 and att["scores_ms"] > 0  # the CPU keeps SDPA
+    assert att["max_abs_diff"] <= 1e-4 * max(att["max_abs"], 1.0) and att["goals"][0]["met"]
+    assert gc.attention_row(ctx, "cem diag_shared", cases["cem diag_shared"])["default_path"] == "scores"
     comp = gc.compile_row(ctx, "cem T=1", fams["cem T=1"])
     assert comp["speedup"] > 0 and comp["compile_s"] > 0 and comp["goals"][0]["target"] == 1.0
     ck = gc.checkpoint_row(ctx, "nrgpt T=4", 4)
-    assert 0 < ck["memory_ratio"] <= 0.35 and ck["goals"][0]["met"]  # T = 4 recomputed: a fraction of the memory
+    assert 0 < ck["saved_ratio"] <= 0.35 and ck["goals"][0]["met"]  # T = 4 recomputed: a fraction of the bytes
+    assert ck["goals"][0]["goal"] == "checkpointed / plain saved bytes" and ck["plain_peak_mb"] is None
     gen = gc.generation_row(ctx, "nrgpt ff2w", fams["nrgpt ff2w"])
-    assert gen["same_tokens"] and gen["speedup"] > 0
+    assert gen["same_tokens"] and gen["speedup"] > 0 and set(gen["warmup_ms"]) == {"cached", "uncached"}
     text = gc.report({"sections": {"train": {"rows": [row, {"name": "llama", "skipped": "budget"}]},
                                    "compile": {"rows": [comp]}}}, ctx.goals)
     assert "| gpt |" in text and "| llama | budget |" in text and "compile: cem T=1:" in text
-    assert text.count("\ngoal ") == len(ctx.goals) == 5
+    assert text.count("\ngoal ") == len(ctx.goals) == 7
 
 
-def test_gpu_check_time_guard_and_errors_are_rows(gpu_check, tmp_path):
+def test_gpu_check_rows_are_saved_stopped_at_their_share_and_errors_are_rows(gpu_check, tmp_path, monkeypatch):
     gc = gpu_check
-    ctx = _tiny_ctx(gc, tmp_path)
+    out = tmp_path / "r.json"
+    ctx = _tiny_ctx(gc, tmp_path, out=out)
     items = [("a", 1), ("b", 2)]
-    rows = gc.guarded_rows(ctx, time.monotonic() - 1, items, lambda c, n, i: {"name": n})
+    rows = gc.guarded_rows(ctx, "s1", time.monotonic() - 1, items, lambda c, n, i: {"name": n})
     assert [r["skipped"] for r in rows] == ["the section's time budget was spent"] * 2
 
     def boom(c, n, i):
         raise RuntimeError("CUDA out of memory. Tried to allocate 2 GiB")
 
-    rows = gc.guarded_rows(ctx, time.monotonic() + 60, items, boom)
+    rows = gc.guarded_rows(ctx, "s2", time.monotonic() + 60, items, boom)
     assert [r["error"] for r in rows] == ["RuntimeError: CUDA out of memory. Tried to allocate 2 GiB"] * 2
+    saved = []
+    monkeypatch.setattr(gc, "write_json", lambda path, res: saved.append(json.loads(json.dumps(res, default=str))))
+    monkeypatch.setenv(gc.SLEEP_HOOK, "a:30")  # row 'a' sleeps past its share (half of 4 s); 'b' still runs
+    t0 = time.monotonic()
+    rows = gc.guarded_rows(ctx, "s3", time.monotonic() + 4.0, items, lambda c, n, i: {"name": n, "x": i})
+    assert time.monotonic() - t0 < 8
+    assert rows[0]["stopped"].startswith("stopped at its share of the budget") and rows[1] == {
+        "name": "b", "x": 2, "seconds": rows[1]["seconds"]}
+    s3 = [s["sections"]["s3"] for s in saved]  # before and after every row
+    assert [s.get("running", {}).get("name") for s in s3] == ["a", None, "b", None]
+    assert [len(s["rows"]) for s in s3] == [0, 1, 1, 2]
+
+
+def test_gpu_check_pytest_counts_only_passes(gpu_check):
+    """On a GPU the CUDA tests count only when every one passed: a skip (the module skipped for
+    want of CUDA) or a timeout misses the goal."""
+    gc = gpu_check
+    assert gc.pytest_counts("==== 40 passed, 2 skipped, 1 failed, 3 errors in 9.1s ====") == {
+        "passed": 40, "skipped": 2, "failed": 1, "error": 3}
+    assert gc.pytest_not_passed(gc.pytest_counts("44 passed in 50s"), False) == 0
+    assert gc.pytest_not_passed(gc.pytest_counts("1 skipped in 2s"), False) == 2  # skipped, none passed
+    assert gc.pytest_not_passed(gc.pytest_counts("43 passed, 1 skipped in 50s"), False) == 1
+    assert gc.pytest_not_passed({}, True) == 2
+
+
+def test_gpu_check_preflight_finds_what_is_missing(gpu_check, monkeypatch):
+    gc = gpu_check
+    real = gc.importlib.util.find_spec
+    monkeypatch.setattr(gc.importlib.util, "find_spec", lambda n: None if n == "jsonargparse" else real(n))
+    monkeypatch.setattr(gc.shutil, "which", lambda name: None)
+    monkeypatch.delenv("CC", raising=False)
+    pre = gc.preflight("cpu", "inductor", tiny=True)
+    assert pre["fatal"] is None
+    assert not pre["checks"]["vendored_deps"]["ok"] and "jsonargparse" in pre["checks"]["vendored_deps"]["detail"]
+    assert not pre["checks"]["c_compiler"]["ok"]
+    assert set(pre["skip"]) == {"pytest", "compile"} and "C compiler" in pre["skip"]["compile"]
+    assert "compile" not in gc.preflight("cpu", "eager", tiny=True)["skip"]  # only inductor compiles C
+    if not torch.cuda.is_available():
+        assert "CUDA is not available" in gc.preflight("cuda", "eager", tiny=True)["fatal"]
+
+
+def test_gpu_check_compile_child_writes_its_row(gpu_check, tmp_path):
+    """The subprocess of a compile row (``--compile-row``), run in-process: one row in its JSON."""
+    out = tmp_path / "compile-gpt.json"
+    assert gpu_check.main(["--compile-row", "gpt", "--device", "cpu", "--tiny", "--out", str(out)]) == 0
+    row = json.loads(out.read_text())
+    assert row["name"] == "gpt" and row["speedup"] > 0 and row["goals"][0]["goal"] == "compiled speed-up over eager"
 
 
 def test_gpu_check_bad_arguments(gpu_check, capsys):

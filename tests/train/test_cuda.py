@@ -1,13 +1,17 @@
-"""CUDA checks of every family (issue 17), skipped without a GPU: one train step in bf16 autocast
-and in fp32 (the same loss within 1%, finite gradients and updates); the SDPA kernel each family
-really runs in bf16, read from the profiler's op names (flash or cuDNN for GPT, Llama, GPT_Rec,
-CEM low-rank and NRGPT; the math kernel for none); a 20-step ``train()`` on CUDA resumed for 10
-whose weights load on the CPU and give the same logits within 1e-4; cached ≡ uncached greedy
-generation; activation checkpointing gives the same loss and gradients.
+"""CUDA checks of every family (issues 17, 30), skipped without a GPU: one train step in bf16
+autocast and in fp32 (the same loss within 1%, finite gradients and updates); the SDPA kernel each
+family really runs in bf16, read from the profiler's op names (flash or cuDNN for GPT, Llama,
+GPT_Rec, CEM low-rank and NRGPT; the math kernel for none); at GPT-2 width (d ≥ 512) the wide-head
+energy attentions (NRGPT full J, CEM's diagonal options) run neither the math nor the
+memory-efficient kernel (they take the materialized-scores path, docs/gpu.md) and agree with
+their SDPA path; a 20-step ``train()`` on CUDA resumed for 10 whose weights load on the CPU and
+give the same logits within 1e-4; cached ≡ uncached greedy generation; activation checkpointing
+gives the same loss and gradients.
 
+In ``tests/train/`` because it imports the highest floor it checks (``energyformer.train``).
 ``benchmarks/gpu_check.py`` runs this file on the GPU machine. ``EF_CUDA_TESTS_ON_CPU=1`` runs
 every test on the CPU instead (a dry run of the code paths; the fast kernel expected there is
-PyTorch's CPU flash kernel).
+PyTorch's CPU flash kernel, and the CPU keeps SDPA at every width).
 """
 import copy
 import importlib.util
@@ -60,7 +64,7 @@ CHECKPOINTED = ["gpt", "llama", "gpt_rec", "cem-lowrank-T2", "cem-full", "nrgpt"
 
 def _bench_common():
     """benchmarks/common.py (a folder of scripts, not a package), for its SDPA kernel reader."""
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "common.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "common.py"
     spec = importlib.util.spec_from_file_location("_bench_common", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules.setdefault(spec.name, mod)  # its dataclasses look their module up there
@@ -147,6 +151,53 @@ def test_sdpa_kernel_in_bf16(name):
     assert "math" not in kernels, f"{name} runs the math SDPA kernel: {kernels}"
     if name in FAST_FAMILIES:
         assert kernels and set(kernels) <= FAST_KERNELS, f"{name}: {kernels}, expected only {sorted(FAST_KERNELS)}"
+
+
+#: the wide-head families at d 512 (8 heads of 64): NRGPT full J's keys are 512 wide, CEM's
+#: augmented heads 64 + 512 = 576 and diag_only's 512, all above the fused kernels' 256
+WIDE = {
+    "nrgpt-full": dict(arch="nrgpt", n_steps=2),
+    "cem-diag_shared": dict(arch="cem", n_layers=1, interaction="diag_shared"),
+    "cem-diag_per_head": dict(arch="cem", n_layers=1, interaction="diag_per_head"),
+    "cem-diag_only": dict(arch="cem", n_layers=1, interaction="diag_only", rope=None),
+}
+WIDE_D = 512
+
+
+def _wide_model(name):
+    torch.manual_seed(0)
+    return build_model({"vocab_size": V, "block_size": N, "d_model": WIDE_D, "n_heads": 8, **WIDE[name]}).to(DEVICE)
+
+
+@pytest.mark.parametrize("name", WIDE)
+def test_wide_heads_run_no_slow_sdpa_kernel_at_d512(name):
+    """At d 512 a bf16 step runs neither the math nor the memory-efficient SDPA kernel: on CUDA the
+    wide heads take the materialized-scores path (no SDPA call, or fast ones); in the CPU dry run
+    the CPU flash kernel."""
+    from energyformer.energies.heads import FUSED_HEAD_DIM_MAX
+
+    model, idx = _wide_model(name), _ids(b=2)
+    _loss_and_grads(model, idx, bf16=True)
+    kernels = _bench_common().sdpa_kernels(lambda: _loss_and_grads(model, idx, bf16=True))
+    assert not {"math", "efficient"} & set(kernels), f"{name} at d {WIDE_D}: {kernels}"
+    assert set(kernels) <= FAST_KERNELS, kernels
+    assert WIDE_D > FUSED_HEAD_DIM_MAX
+
+
+@pytest.mark.parametrize("name", WIDE)
+def test_wide_heads_default_path_equals_sdpa_path_at_d512(name):
+    """The default path (materialized scores on CUDA) against the forced SDPA path, one bf16
+    forward + backward at d 512: losses within 1%, gradients within 5% of their norm."""
+    from energyformer.energies.heads import force_attention_path
+
+    model, idx = _wide_model(name), _ids(b=2)
+    loss, grads = _loss_and_grads(model, idx, bf16=True)
+    with force_attention_path("sdpa"):
+        loss_sdpa, grads_sdpa = _loss_and_grads(model, idx, bf16=True)
+    assert abs(loss.item() - loss_sdpa.item()) <= 0.01 * abs(loss_sdpa.item())
+    for n, g in grads.items():
+        diff = (g.float() - grads_sdpa[n].float()).norm()
+        assert diff <= 0.05 * grads_sdpa[n].float().norm() + 1e-6, f"{name}: {n} differs by {diff:.3g}"
 
 
 def _run_cfg(data_dir, out, arch_cfg, max_steps):
