@@ -576,7 +576,7 @@ def experiment(name: str, seeds: int | None = None, quick: bool = False, results
     """Run one of the papers' experiments and print its table (results/NAME/{table.md, results.json, *.png}).
 
     Experiments: cem_ablation, gp_recursion, listops_transition, shakespeare_scaling,
-    energy_descent, inference_steps (each module's docstring gives its design and budget).
+    energy_descent, inference_steps, inference_compute (each module's docstring gives its design and budget).
     Finished runs with the same config are reused, so a rerun only trains what is missing.
 
     Args:

@@ -16,7 +16,7 @@ from typing import Any
 from energyformer._validate import check_choice, check_int
 
 EXPERIMENTS = ("cem_ablation", "gp_recursion", "listops_transition", "shakespeare_scaling", "energy_descent",
-               "inference_steps")
+               "inference_steps", "inference_compute")
 
 
 PROFILES = ("cpu", "paper")
