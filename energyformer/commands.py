@@ -265,7 +265,8 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
            top_k: int | None = 200, top_p: float | None = None, min_p: float | None = None,
            repetition_penalty: float | None = None, stop: list[str] | str | None = None, seed: int = 1337,
            num_samples: int = 1, interactive: bool = False, use_cache: bool = True,
-           device: str = "auto", n_steps: int | None = None, stop_tol: float | None = None) -> list[str] | None:
+           device: str = "auto", n_steps: int | None = None, stop_tol: float | None = None,
+           exit: str | None = None, max_steps: int | None = None, monotone: bool = False) -> list[str] | None:
     """Generate text from a trained run directory.
 
     Args:
@@ -287,6 +288,13 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
         n_steps: NRGPT / recurrent GPT / CEM (every sub-block): steps at inference (default: as
             trained; a CEM with per_step_scale takes at most its trained T).
         stop_tol: NRGPT: per-token early-stopping tolerance of the descent (docs/nrgpt.md).
+        exit: per-token adaptive exit NAME:THRESHOLD (abs, rel, kl, energy, grad, or a registered
+            one; e.g. kl:1e-3): a token stops stepping once the criterion fires (NRGPT, recurrent GPT;
+            CEM inside each sub-block, not kl). The steps each generated token used are printed on
+            stderr (docs/inference_compute.md).
+        max_steps: with --exit: the most steps a token gets (the same as --n-steps).
+        monotone: NRGPT / CEM: accept a token's descent step only if it lowers its energy (halving
+            the step up to 4 times, then rejecting it), so more steps cannot raise it.
 
     Returns:
         the texts, ``num_samples`` per prompt, each starting with its prompt (None with
@@ -322,12 +330,19 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
     warn_if_training(run_dir)
     tokenizer = load_tokenizer(meta)
     generator = torch.Generator(device=dev).manual_seed(seed)
-    forward_kwargs = {k: v for k, v in {"n_steps": n_steps, "stop_tol": stop_tol}.items() if v is not None}
+    crit, n_steps = _exit_options(exit, max_steps, n_steps)
+    forward_kwargs = {k: v for k, v in {"n_steps": n_steps, "stop_tol": stop_tol, "exit": crit,
+                                        "accept_lower_energy": monotone or None}.items() if v is not None}
     takes = set(inspect.signature(model.forward).parameters)
+    flags = {"n_steps": "n-steps", "stop_tol": "stop-tol", "exit": "exit", "accept_lower_energy": "monotone"}
     if set(forward_kwargs) - takes:
-        raise ValueError(f"--{sorted(set(forward_kwargs) - takes)[0].replace('_', '-')} is not an option of the "
+        raise ValueError(f"--{flags[sorted(set(forward_kwargs) - takes)[0]]} is not an option of the "
                          f"{model.config.arch!r} model; "
-                         f"it takes {sorted(takes & {'n_steps', 'stop_tol'}) or 'neither'}")
+                         f"it takes {sorted('--' + flags[k] for k in takes & set(flags)) or 'none of them'}")
+    if use_cache and model.config.arch == "cem" and (monotone or (crit is not None and "energy" in crit.needs)):
+        print("note: CEM attention has no energy of a cached context: decoding without the cache "
+              "(docs/inference_compute.md §4)", file=sys.stderr)
+        use_cache = False
 
     def encode(text: str) -> list[int]:
         try:
@@ -359,11 +374,58 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
         for row, ids in zip(out, rows):
             prompt_text = tokenizer.decode(ids)
             texts.append(cut(tokenizer.decode(row.tolist()), len(prompt_text)))
+        if crit is not None and model.generated_exit_steps is not None:
+            per = (" and sub-block (CEM: the counts are summed over every sub-block)"
+                   if model.config.arch == "cem" else "")
+            print(_exit_summary(crit, n_steps or _trained_steps(model), model.generated_exit_steps, per),
+                  file=sys.stderr)
         return texts
 
     if not interactive:
         return run([prompt] if isinstance(prompt, str) else list(prompt))
     return _interactive(run)
+
+
+def _exit_options(exit: str | None, max_steps: int | None, n_steps: int | None):
+    """``(criterion or None, n_steps)`` of sample's ``--exit``/``--max-steps``/``--n-steps``.
+
+    Raises:
+        ValueError: a bad ``--exit`` (the message names the value and the known criteria),
+            ``--max-steps`` without ``--exit`` or different from ``--n-steps``.
+    """
+    from energyformer._validate import check_int
+    from energyformer.layers.exit import parse_exit
+
+    try:
+        crit = parse_exit(exit)
+    except ValueError as e:
+        raise ValueError(f"--{str(e)}" if str(e).startswith("exit=") else str(e)) from None
+    if max_steps is not None:
+        check_int("max_steps", max_steps, 1)
+        if crit is None:
+            raise ValueError(f"--max-steps {max_steps} is the most steps a token gets with --exit; give --exit "
+                             "NAME:THRESHOLD (or use --n-steps for a fixed depth)")
+        if n_steps is not None and n_steps != max_steps:
+            raise ValueError(f"--max-steps {max_steps} and --n-steps {n_steps} disagree; give one of them")
+        n_steps = max_steps
+    return crit, n_steps
+
+
+def _trained_steps(model: Any) -> int | str:
+    cfg = model.config
+    return getattr(cfg, "n_steps", None) or "the trained"
+
+
+def _exit_summary(crit: Any, max_steps: int | str, steps: Any, per: str = "") -> str:
+    """One line: the steps each generated token used (``steps``: a (B, L) tensor or a list of 1-D ones)."""
+    import torch
+
+    flat = torch.cat([s.reshape(-1) for s in steps]) if isinstance(steps, list) else steps.reshape(-1)
+    if not flat.numel():
+        return f"exit {crit.spec()}: no token generated"
+    return (f"exit {crit.spec()}, at most {max_steps} steps per token{per}: mean "
+            f"{float(flat.float().mean()):.2f} steps per generated token (min {int(flat.min())}, max "
+            f"{int(flat.max())}) over {flat.numel()} tokens")
 
 
 def _interactive(run: Callable[[list[str]], list[str]]) -> None:
@@ -607,19 +669,24 @@ def experiment(name: str, seeds: int | None = None, quick: bool = False, results
 
 
 def inspect_energy(run_dir: str, prompt: str = "\n", out: str | None = None, n_steps: int | None = None,
-                   stop_tol: float | None = None, device: str = "auto") -> str:
+                   stop_tol: float | None = None, device: str = "auto", exit: str | None = None,
+                   max_steps: int | None = None, monotone: bool = False) -> str:
     """Energy trajectories of a trained energy model (NRGPT, CEM with rope exact or None) on a prompt.
 
-    Writes OUT/trace.json (per layer, step, term and token: energy, ‖∇E‖, ‖Δx‖, cos(Δx, −∇E))
-    and OUT/energy_steps.png, OUT/energy_heatmap.png.
+    Writes OUT/trace.json (per layer, step, term and token: energy, ‖∇E‖, ‖Δx‖, cos(Δx, −∇E);
+    per token the final energy beside its next-token loss and their Pearson and Spearman
+    correlation, docs/inference_compute.md §6) and OUT/energy_steps.png, OUT/energy_heatmap.png.
 
     Args:
         run_dir: run directory of a trained energy model, or zoo:NAME.
         prompt: the text to trace (default: a newline).
         out: output folder (default RUN_DIR/inspect; for zoo:NAME inspect/NAME under the working directory).
-        n_steps: NRGPT: descent steps at inference (default: as trained).
+        n_steps: NRGPT / CEM: descent steps at inference (default: as trained).
         stop_tol: NRGPT: per-token early stopping tolerance.
         device: auto (CUDA when available, else the CPU), cpu, cuda, cuda:N or mps.
+        exit: per-token adaptive exit NAME:THRESHOLD, as for sample (docs/inference_compute.md).
+        max_steps: with --exit: the most steps a token gets (the same as --n-steps).
+        monotone: accept a token's step only if it lowers its energy (as for sample).
 
     Returns:
         a short summary per block.
@@ -633,7 +700,9 @@ def inspect_energy(run_dir: str, prompt: str = "\n", out: str | None = None, n_s
     run_dir, entry = _run_ref(run_dir)
     if out is None:
         out = str(Path("inspect") / entry) if entry else str(Path(run_dir) / "inspect")
-    return format_inspect(inspect_run(run_dir, prompt, out, n_steps=n_steps, stop_tol=stop_tol, device=device))
+    crit, n_steps = _exit_options(exit, max_steps, n_steps)
+    return format_inspect(inspect_run(run_dir, prompt, out, n_steps=n_steps, stop_tol=stop_tol, device=device,
+                                      exit=crit, accept_lower_energy=monotone))
 
 
 def evaluate(run_dir: str, tasks: str = "mmlu_dev,val_loss", out: str | None = None, num_fewshot: int = 4,

@@ -27,6 +27,7 @@ tokens and their 10–90% band instead of one line per token.
 """
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,9 @@ from typing import Any
 import torch
 
 from energyformer.layers.trace import Trace
+
+#: the inference options a model's forward may take (the error message lists those it does)
+INFERENCE_OPTIONS = ("n_steps", "stop_tol", "exit", "accept_lower_energy")
 
 
 def _cos(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -75,11 +79,15 @@ def report_from_trace(trace: Trace, batch_index: int = 0) -> list[dict[str, Any]
 def energy_report(model: torch.nn.Module, idx: torch.Tensor, **forward_kwargs: Any) -> dict[str, Any]:
     """Run ``model`` on ``idx`` ``(1, N)`` under tracing and return the report of its first sequence.
 
-    ``forward_kwargs`` go to the forward (NRGPT: ``n_steps``, ``stop_tol``).
+    ``forward_kwargs`` go to the forward (NRGPT: ``n_steps``, ``stop_tol``; NRGPT and CEM:
+    ``exit``, ``accept_lower_energy``, docs/inference_compute.md).
 
     Returns:
         ``{"blocks": report_from_trace(...), "steps_taken": (N,) list or None,
-        "descent": descent_guarantee(model)}``.
+        "descent": descent_guarantee(model), "per_token": {"energy": (N,), "loss": (N,)},
+        "energy_vs_loss": energy_loss_correlation(...)}``: each token's final energy
+        (:func:`final_energy`) beside its next-token loss (the last token has no next token: ``None``)
+        and their correlation over the tokens that have both (docs/inference_compute.md §6).
 
     Raises:
         ValueError: the model has no energies (GPT, Llama, recurrent GPT), or see :func:`report_from_trace`.
@@ -88,11 +96,67 @@ def energy_report(model: torch.nn.Module, idx: torch.Tensor, **forward_kwargs: A
     model.eval()
     try:
         with model.trace() as trace:
-            model(idx, **forward_kwargs)
+            logits = model(idx, **forward_kwargs)[0]
     finally:
         model.train(was_training)
-    steps = None if trace.steps_taken is None else trace.steps_taken[0].tolist()
-    return {"blocks": report_from_trace(trace), "steps_taken": steps, "descent": descent_guarantee(model)}
+    taken = trace.steps_taken if trace.steps_taken is not None else getattr(model, "exit_steps", None)
+    steps = None if taken is None else taken[0].tolist()
+    blocks = report_from_trace(trace)
+    energy = final_energy(blocks)
+    loss = torch.nn.functional.cross_entropy(logits[0, :-1].double(), idx[0, 1:], reduction="none").cpu()
+    return {"blocks": blocks, "steps_taken": steps, "descent": descent_guarantee(model),
+            "per_token": {"energy": energy.tolist(), "loss": loss.tolist() + [None]},
+            "energy_vs_loss": energy_loss_correlation(energy[:-1], loss)}
+
+
+def final_energy(blocks: list[dict[str, Any]]) -> torch.Tensor:
+    """Each token's energy after the last step ``(N,)``: the ``total`` term of a block that has one
+    (NRGPT), else the sum of every term; summed over the blocks (CEM: every sub-block of every layer)."""
+    out = None
+    for b in blocks:
+        terms = [b["energy"]["total"]] if "total" in b["energy"] else list(b["energy"].values())
+        e = sum(torch.tensor(t[-1], dtype=torch.float64) for t in terms)
+        out = e if out is None else out + e
+    return out
+
+
+def _ranks(v: torch.Tensor) -> torch.Tensor:
+    """Ranks 1 … n of ``v`` ``(n,)``, ties given their mean rank (for Spearman's ρ)."""
+    order = torch.argsort(v, stable=True)
+    ranks = torch.empty_like(v, dtype=torch.float64)
+    ranks[order] = torch.arange(1, len(v) + 1, dtype=torch.float64)
+    for value in v.unique():
+        tie = v == value
+        if int(tie.sum()) > 1:
+            ranks[tie] = ranks[tie].mean()
+    return ranks
+
+
+def _pearson(a: torch.Tensor, b: torch.Tensor) -> float | None:
+    a, b = a - a.mean(), b - b.mean()
+    den = float(a.norm() * b.norm())
+    return None if den == 0.0 else float((a * b).sum()) / den
+
+
+def energy_loss_correlation(energy: torch.Tensor, loss: torch.Tensor) -> dict[str, Any]:
+    """Pearson's r and Spearman's ρ between per-token energies and losses, both ``(n,)``
+    (docs/inference_compute.md §6: the energy as an uncertainty signal).
+
+    Returns:
+        ``{"n": n, "pearson": r or None, "spearman": ρ or None}``: ``None`` for fewer than 3 tokens
+        or a constant series.
+
+    Raises:
+        ValueError: ``energy`` and ``loss`` of different shapes or not 1-D.
+    """
+    energy, loss = torch.as_tensor(energy, dtype=torch.float64), torch.as_tensor(loss, dtype=torch.float64)
+    if energy.dim() != 1 or energy.shape != loss.shape:
+        raise ValueError(f"energy and loss must be 1-D of one length; got {tuple(energy.shape)} and "
+                         f"{tuple(loss.shape)}")
+    n = len(energy)
+    if n < 3:
+        return {"n": n, "pearson": None, "spearman": None}
+    return {"n": n, "pearson": _pearson(energy, loss), "spearman": _pearson(_ranks(energy), _ranks(loss))}
 
 
 #: NRGPT's step maps with a descent guarantee (docs/nrgpt.md §5), each with the norms under which it holds
@@ -280,24 +344,27 @@ def plot_report(report: dict[str, Any], tokens: Sequence[str], out_dir: str | Pa
 
 
 def inspect_run(run_dir: str | Path, prompt: str, out_dir: str | Path, n_steps: int | None = None,
-                stop_tol: float | None = None, device: str = "auto") -> dict[str, Any]:
+                stop_tol: float | None = None, device: str = "auto", exit: str | None = None,
+                accept_lower_energy: bool = False) -> dict[str, Any]:
     """Trace a trained run on ``prompt`` and write ``trace.json`` and the plots into ``out_dir``.
 
     Args:
         run_dir: a run directory of an energy model (NRGPT; CEM with ``rope`` exact or None).
         prompt: the text (encoded with the run's tokenizer, cropped to the last ``block_size`` tokens).
         out_dir: where ``trace.json``, ``energy_steps.png`` and ``energy_heatmap.png`` go.
-        n_steps, stop_tol: NRGPT only: steps at inference and per-token early stopping.
+        n_steps, stop_tol: steps at inference (NRGPT, CEM) and per-token early stopping (NRGPT).
         device: where the model runs.
+        exit, accept_lower_energy: per-token adaptive exit (``"rel:0.03"`` ...) and energy-safe
+            steps (docs/inference_compute.md); the steps each token got are ``steps_taken``.
 
     Returns:
         the report written to ``trace.json`` (``run``, ``arch``, ``prompt``, ``tokens``, ``blocks``,
-        ``steps_taken``, ``descent``, ``files``).
+        ``steps_taken``, ``descent``, ``per_token``, ``energy_vs_loss``, ``files``).
 
     Raises:
         FileNotFoundError: not a run directory.
         ValueError: an empty prompt or one the tokenizer cannot encode, a model without energies,
-            ``n_steps``/``stop_tol`` given for a model other than NRGPT.
+            an option the model's forward does not take (e.g. ``stop_tol`` for CEM), a bad ``exit``.
     """
     from energyformer.data import load_tokenizer
     from energyformer.runs.rundir import load_run
@@ -316,9 +383,12 @@ def inspect_run(run_dir: str | Path, prompt: str, out_dir: str | Path, n_steps: 
         raise ValueError("the prompt is empty; give at least one character")
     n_prompt, block = len(ids), model.config.block_size
     ids = ids[-block:]
-    kwargs = {k: v for k, v in (("n_steps", n_steps), ("stop_tol", stop_tol)) if v is not None}
-    if kwargs and run_cfg.model.arch != "nrgpt":
-        raise ValueError(f"n_steps/stop_tol at inference are NRGPT options; the run's arch is {run_cfg.model.arch!r}")
+    kwargs = {k: v for k, v in (("n_steps", n_steps), ("stop_tol", stop_tol), ("exit", exit),
+                                ("accept_lower_energy", accept_lower_energy or None)) if v is not None}
+    takes = set(inspect.signature(model.forward).parameters)
+    if set(kwargs) - takes:
+        raise ValueError(f"{'/'.join(sorted(set(kwargs) - takes))} at inference are not options of the "
+                         f"{run_cfg.model.arch!r} model; it takes {sorted(takes & set(INFERENCE_OPTIONS)) or 'none'}")
     report = energy_report(model, torch.tensor([ids], device=dev), **kwargs)
     tokens = [tokenizer.decode([i]) for i in ids]
     files = plot_report(report, tokens, out_dir)
@@ -342,6 +412,16 @@ def format_inspect(report: dict[str, Any]) -> str:
                         f"{report['dropped_tokens']} dropped")
     if report.get("descent"):
         lines.append(f"  {report['descent']['summary']}")
+    corr = report.get("energy_vs_loss")
+    if corr:
+        def fmt(v: float | None) -> str:
+            return "-" if v is None else f"{v:+.3f}"
+
+        lines.append(f"  final energy vs next-token loss over {corr['n']} tokens: Pearson {fmt(corr['pearson'])}, "
+                     f"Spearman {fmt(corr['spearman'])} (per token in trace.json: per_token)")
+    if report.get("steps_taken"):
+        st = report["steps_taken"]
+        lines.append(f"  steps per token: mean {sum(st) / len(st):.2f}, min {min(st)}, max {max(st)}")
     for b in report["blocks"]:
         terms = ", ".join(f"{t} {sum(e[0]) / len(e[0]):.4g} → {sum(e[-1]) / len(e[-1]):.4g}"
                           for t, e in b["energy"].items())
@@ -351,5 +431,6 @@ def format_inspect(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["descent_guarantee", "energy_report", "energy_trend", "format_inspect", "heatmap_figure", "inspect_run",
-           "mean_energy_steps", "plot_report", "report_from_trace", "steps_figure"]
+__all__ = ["descent_guarantee", "energy_loss_correlation", "energy_report", "energy_trend", "final_energy",
+           "format_inspect", "heatmap_figure", "inspect_run", "mean_energy_steps", "plot_report", "report_from_trace",
+           "steps_figure"]

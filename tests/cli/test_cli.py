@@ -87,7 +87,8 @@ def test_sample_n_steps_changes_a_cem_runs_steps(tmp_path, capsys):
     assert err == ["error: n_steps=8 exceeds the 2 per-step factors of this sub-block (per_step_scale: one "
                    "factor per trained step)"], err
     assert main(["sample", str(run), "--stop-tol", "1e-3"]) == 2  # NRGPT's only
-    assert "--stop-tol is not an option of the 'cem' model; it takes ['n_steps']" in capsys.readouterr().err
+    assert "--stop-tol is not an option of the 'cem' model; it takes ['--exit', '--monotone', '--n-steps']" \
+        in capsys.readouterr().err
 
 
 def test_sample_errors(trained, tmp_path, capsys):
