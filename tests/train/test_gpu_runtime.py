@@ -9,7 +9,6 @@ import warnings
 import pytest
 import torch
 import torch.distributed as tdist
-from helpers import tiny_config
 
 from energyformer import commands
 from energyformer.models.base import CausalLM
@@ -24,12 +23,6 @@ from energyformer.train import loop as loop_mod
 from energyformer.train.metrics import peak_flops, peak_flops_for_name
 from energyformer.train.parallelize import mixed_precision_policy
 from energyformer.utils import device as device_mod
-
-
-def cfg(data_dir, out_dir, **train_kw):
-    return tiny_config(data_dir, out_dir, "gpt", **{"eval_interval": 10, "eval_iters": 2, "log_interval": 5,
-                                                    **train_kw})
-
 
 # ---------------------------------------------------------------- dtype, backends, peak table
 
@@ -203,19 +196,19 @@ def test_clip_grad_norm_returns_the_norm_on_the_device_and_clips():
 
 # ---------------------------------------------------------------- host reads
 
-def test_training_reads_the_device_only_at_log_interval(data_dir, tmp_path, monkeypatch):
+def test_training_reads_the_device_only_at_log_interval(tiny_run_config, tmp_path, monkeypatch):
     reads, checks = [], []
     real_check = loop_mod._Loop.check_finite
     monkeypatch.setattr(loop_mod._Loop, "check_finite", lambda self: reads.append(self.step) or real_check(self))
     real_values = CausalLM._check_values
     monkeypatch.setattr(CausalLM, "_check_values", lambda self, *a: checks.append(1) or real_values(self, *a))
-    train(cfg(data_dir, tmp_path / "run", max_steps=10, log_interval=5, ckpt_interval=10), progress=False)
+    train(tiny_run_config(tmp_path / "run", eval_interval=10, log_interval=5), progress=False)
     assert reads == [5, 10]
     assert len(checks) <= 1  # the FLOP measurement's forward only; no id check per training forward
     assert [r["step"] for r in read_metrics(tmp_path / "run")] == [5, 10]
 
 
-def test_nan_between_log_lines_is_named_and_never_checkpointed(data_dir, tmp_path, monkeypatch):
+def test_nan_between_log_lines_is_named_and_never_checkpointed(tiny_run_config, tmp_path, monkeypatch):
     from energyformer.models.gpt import GPT
 
     calls = [0]
@@ -231,7 +224,7 @@ def test_nan_between_log_lines_is_named_and_never_checkpointed(data_dir, tmp_pat
     monkeypatch.setattr(GPT, "forward", nan_from_step_7)
     out = tmp_path / "run"
     with pytest.raises(TrainingDivergedError, match=r"diverged at step 7: loss is nan.*step 5"):
-        train(cfg(data_dir, out, max_steps=12, log_interval=5, ckpt_interval=5, eval_interval=5), progress=False)
+        train(tiny_run_config(out, max_steps=12, log_interval=5, eval_interval=5), progress=False)
     assert find_checkpoint(out)["step"] == 5
     assert max(r["step"] for r in read_metrics(out)) == 5
 
