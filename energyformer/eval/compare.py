@@ -95,8 +95,9 @@ def tokens_per_step(options: dict[str, Any], world_size: int | None = 1) -> int 
 
 def metrics_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """What ``summary.json`` would say, from a run's ``metrics.jsonl`` records so far (a run in
-    progress): its last step and losses, the best validation loss, the last tokens/s; ``params``,
-    ``minutes`` and ``world_size`` are not logged there (None)."""
+    progress): its last step and losses, the best validation loss, the last tokens/s, the world
+    size (logged under torchrun; None for one process); ``params`` and ``minutes`` are not logged
+    there (None)."""
     def last(key: str) -> Any:
         return next((r[key] for r in reversed(records) if r.get(key) is not None), None)
 
@@ -104,7 +105,7 @@ def metrics_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"steps": max((r["step"] for r in records if isinstance(r.get("step"), int)), default=None),
             "best_val_loss": min(vals) if vals else None, "final_val_loss": last("val_loss"),
             "final_train_loss": last("train_loss"), "tokens_per_s": last("tokens_per_s"),
-            "params": None, "minutes": None, "world_size": None}
+            "params": None, "minutes": None, "world_size": last("world_size")}
 
 
 def run_row(run_dir: str | Path, options: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -184,8 +185,9 @@ def _x_scale(run_dir: str | Path, x: str) -> int:
     """What one step is worth on the x axis: 1 (steps) or the run's tokens per step."""
     if x == "steps":
         return 1
-    world_size = read_summary(run_dir).get("world_size") if (Path(run_dir) / "summary.json").is_file() else 1
-    per_step = tokens_per_step(run_options(run_dir), world_size)
+    summary = read_summary(run_dir) if (Path(run_dir) / SUMMARY_FILE).is_file() else \
+        metrics_summary(read_metrics(run_dir))  # in progress: what the records say
+    per_step = tokens_per_step(run_options(run_dir), summary.get("world_size"))
     if per_step is None:
         raise ValueError(f"{str(run_dir)!r} has no {CONFIG_FILE} to count tokens per step from; use --x steps")
     return per_step

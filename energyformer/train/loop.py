@@ -422,6 +422,8 @@ class _Loop:
                   "tokens_per_s": tok_s, "mfu": _mfu(self.flops_per_token, tok_s, self.peak)}
         if self.last_depth is not None:  # the depth drawn for this step (train.depth_sampler)
             record["depth"] = self.last_depth
+        if self.info.enabled:  # compare counts the tokens of a run in progress from it
+            record["world_size"] = self.info.world_size
         if do_eval:
             self.last_eval = ev = self.evaluate()
             if not math.isfinite(ev["val"]):

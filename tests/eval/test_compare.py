@@ -90,6 +90,19 @@ def test_the_tokens_column_counts_every_rank(tmp_path):
     assert lines["two val"].get_xdata()[-1] == rows[1]["tokens"]
 
 
+def test_a_multi_rank_run_in_progress_counts_every_rank(tmp_path):
+    """Before summary.json exists the world size comes from metrics.jsonl (the loop logs it under
+    torchrun): the tokens column and the curves' x axis of a 2-rank run in progress count both ranks."""
+    going = _run(tmp_path, "going", val=((10, 2.5),), world_size=2)
+    (going / "summary.json").unlink()
+    metrics = going / "metrics.jsonl"
+    recs = [{**json.loads(line), "world_size": 2} for line in metrics.read_text().splitlines()]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert compare_runs([going])[0]["tokens"] == 10 * 4 * 16 * 2
+    lines = {ln.get_label(): ln for ln in curves_figure([going]).axes[0].get_lines()}
+    assert list(lines["going val"].get_xdata()) == [10 * 4 * 16 * 2]
+
+
 def test_many_runs_legend_is_outside_the_axes(tmp_path):
     runs = [_run(tmp_path, f"run{i:02d}") for i in range(12)]
     fig = curves_figure(runs)

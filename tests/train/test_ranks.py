@@ -124,3 +124,19 @@ def test_every_rank_calls_the_sharded_save(monkeypatch, tmp_path):
                                best_val=1.0, data_gen=None)
         loop_mod._Loop.save(fake)
     assert calls == [(True, ["rng of rank 0", "rng of rank 1"]), (False, ["rng of rank 0", "rng of rank 1"])]
+
+
+# ---------------------------------------------------------------- the log records
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_the_log_record_names_the_world_size_under_torchrun(world_size):
+    """``compare`` counts a run in progress's tokens from metrics.jsonl: every record of a multi-rank
+    run names the world size (one process: no key, as before)."""
+    logged = []
+    fake = SimpleNamespace(step=3, train_loss=2.5, flops_per_token=1.0, peak=None, last_depth=None, say=print,
+                           tc=SimpleNamespace(max_steps=10), info=dist.DistInfo(rank=0, world_size=world_size))
+    bar = SimpleNamespace(disable=False, set_postfix=lambda **kw: None)
+    loop_mod._Loop.log(fake, SimpleNamespace(log=logged.append), bar, False, 1e-3, 0.5, 100.0, do_eval=False)
+    (record,) = logged
+    assert record.get("world_size") == (2 if world_size == 2 else None) and record["step"] == 3
