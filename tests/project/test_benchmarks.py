@@ -295,7 +295,7 @@ def test_gpu_check_tiny_cpu_smoke(tmp_path):
     one below. No wall-time assertion: this 2-core machine's load decides it; the timeout only
     catches a hang.)"""
     out = tmp_path / "results.json"
-    proc = subprocess.run(_gpu_check_cmd(out, "--budget", "30"), capture_output=True, text=True, timeout=600,
+    proc = subprocess.run(_gpu_check_cmd(out, "--budget", "20"), capture_output=True, text=True, timeout=600,
                           env=_gpu_check_env())
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(out.read_text())
@@ -310,7 +310,7 @@ def test_gpu_check_tiny_cpu_smoke(tmp_path):
     assert pytest_sec["timed_out"] or "skipped" in pytest_sec["summary"]
     assert "no goal on the CPU" in pytest_sec["note"]
     assert (tmp_path / "test_cuda.log").exists()
-    assert data["elapsed_s"] <= 30 + 15  # the budget, and the last row's overrun at most
+    assert data["elapsed_s"] <= 20 + 30  # the budget, plus pytest's 5 s minimum and a loaded machine's slack
     goal_lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("goal ")]
     assert len(goal_lines) == len(data["goals"])
     assert all(" met " in ln or " MISSED " in ln for ln in goal_lines)
