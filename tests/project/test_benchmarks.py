@@ -56,6 +56,16 @@ def test_mfu_arithmetic_on_a_hand_made_number(bench):
         c.mfu(1.0, 1.0, 0)
 
 
+def test_matmul_peak_warms_up_then_times_a_stream(bench):
+    """The MFU peak: products issued for at least ``warmup_s`` before ``iters`` timed ones."""
+    c = bench["common"]
+    r = c.matmul_peak(64, "cpu", "fp32", warmup_s=0.05, iters=4)
+    assert r["n"] == 64 and r["iters"] == 4 and r["warmup_iters"] >= 10 and r["warmup_s"] >= 0.04
+    assert r["flops_per_s"] == pytest.approx(c.matmul_flops(64) / (r["ms"] / 1e3))
+    with pytest.raises(ValueError, match="iters=0"):
+        c.matmul_peak(8, "cpu", iters=0)
+
+
 def test_saved_tensor_bytes_counts_a_tensor_once(bench):
     count = bench["common"].saved_tensor_bytes
     x = torch.randn(1000, requires_grad=True)  # 4000 bytes
