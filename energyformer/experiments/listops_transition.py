@@ -8,16 +8,21 @@ Protocol on 2 CPU cores, in two stages:
    5 recurrent steps, block 128, batch 64, AdamW wd 0.01, β₂ 0.999), LR 2e-3, 10,000 steps
    with the reference's decay horizon (exponential decay set for 100,000 iterations, so the LR is
    still 63% of its peak at the end), 50 evaluations.
-2. **Widths** (only if the pilot reaches 80%): the three models at widths around the paper's
-   transition with the pilot's budget. If the pilot stays below 80%, the table says so and the
-   sweep is left to the GPU profile (``--profile paper``).
+2. **LR check per model** (only if the pilot reaches 80%): each model at width :data:`CHECK_WIDTH`
+   (next to the transition), seed 1, :data:`CHECK_STEPS` steps (the same schedule, so these are the
+   first steps of a full run), at the pilot's LR and the values either side ({1e-3, 2e-3, 3e-3},
+   extended past an edge); each model then trains at its own best LR at every width.
+3. **Widths**: the three models at widths around the paper's transition with the pilot's budget.
+   If the pilot stays below 80%, the table says so and the sweep is left to the GPU profile
+   (``--profile paper``).
 
 Reported beside accuracy: the floors on the same test problems (always answering the majority
 answer; the majority answer per root function; the generator's entropy floor of the loss) and
 the end-token rate, the loss on the predictable tokens after the first ``=``, and per-function
 accuracy on single-function test sets.
 
-Budget (idle 2-core CPU): the pilot ≈ 45 minutes; the width stage 15 runs ≈ 10 hours.
+Budget (idle 2-core CPU): the pilot ≈ 45 minutes; the LR checks 9 runs ≈ 2 hours; the width
+stage 15 runs ≈ 10 hours and 12 more seeds beside the transitions ≈ 8 hours.
 ``--quick``: 600 expressions, width 8, 20 steps, 20 test problems.
 """
 from __future__ import annotations
@@ -32,6 +37,11 @@ MODELS: dict[str, str] = {
     "NRGPT FF2W": "listops/nrgpt_ff2w.yaml",
 }
 PILOT_WIDTH, PILOT_LR, PILOT_STEPS, DECAY_HORIZON = 50, 2e-3, 10_000, 100_000
+#: the pilot's accuracy that opens the width stage
+PILOT_LEVEL = 0.8
+CHECK_WIDTH, CHECK_STEPS = 32, 2_500
+#: the LR check's grid around the pilot's LR (then extended past an edge by half-decades)
+CHECK_LRS = (1e-3, PILOT_LR, 3e-3)
 WIDTHS = (16, 24, 32, 40, 50)
 #: seeds beyond the first at the two widths beside each model's transition
 EXTRA_SEEDS = 2
@@ -48,10 +58,11 @@ def data_section(ctx: ex.Context) -> dict[str, Any] | None:
     return {"dataset": out.name, "root": str(out.parent)}
 
 
-def config(ctx: ex.Context, recipe: str, width: int, seed: int) -> dict[str, Any]:
-    """The recipe at ``width`` with the pilot's LR, budget and the reference's decay horizon."""
-    steps = PILOT_STEPS
-    train = {"max_steps": steps, "learning_rate": PILOT_LR, "lr_decay_steps": DECAY_HORIZON,
+def config(ctx: ex.Context, recipe: str, width: int, seed: int, lr: float = PILOT_LR,
+           steps: int = PILOT_STEPS) -> dict[str, Any]:
+    """The recipe at ``width`` with the LR ``lr`` (default the pilot's), ``steps`` (default the pilot's
+    budget) and the reference's decay horizon."""
+    train = {"max_steps": steps, "learning_rate": lr, "lr_decay_steps": DECAY_HORIZON,
              "eval_interval": steps // 50, "log_interval": 50, "seed": seed}
     quick = {"model": {"block_size": 64}, "train": {"lr_decay_steps": 200}} if ctx.quick else {}
     return ex.resolve(ctx, recipe, {"model": {"d_model": width}, "train": train}, quick, data=data_section(ctx),
@@ -132,10 +143,17 @@ def run(ctx: ex.Context) -> dict[str, Any]:
     rows = [_row("GPT_Rec_parallel (pilot)", width, pilot["params"], pilot, pilot["final_val_loss"])]
     groups = {"pilot": [pilot.pop("dir")]}
     sweep: dict[str, list[dict[str, Any]]] = {}
-    if pilot["accuracy"] >= 0.8:
+    checks: dict[str, dict[str, Any]] = {}
+    if pilot["accuracy"] >= PILOT_LEVEL:
         widths = (8, 16) if ctx.quick else WIDTHS
+        check_width = 8 if ctx.quick else CHECK_WIDTH
+        checks = {label: ex.lr_sweep(ctx, label.replace(" ", "_"),
+                                     lambda lr, steps, r=recipe: config(ctx, r, check_width, 1, lr, steps),
+                                     CHECK_LRS, CHECK_STEPS) for label, recipe in MODELS.items()}
+        ex.need_runs(ctx)
+        lr = {label: c["best_lr"] for label, c in checks.items()}
         name = lambda label, w, seed: f"{label.replace(' ', '_')}_d{w}_s{seed}"  # noqa: E731
-        first = {(label, w): ex.train_or_resume(ctx, name(label, w, 1), config(ctx, recipe, w, 1))
+        first = {(label, w): ex.train_or_resume(ctx, name(label, w, 1), config(ctx, recipe, w, 1, lr[label]))
                  for label, recipe in MODELS.items() for w in widths}
         ex.need_runs(ctx)
         scored = {key: _score(ctx, name(*key, 1), problems, data_dir) for key in first}
@@ -144,7 +162,7 @@ def run(ctx: ex.Context) -> dict[str, Any]:
             for w in next_to_transition([(w, scored[(label, w)]["accuracy"]) for w in widths]):
                 for seed in range(2, 2 + (0 if ctx.quick else EXTRA_SEEDS)):
                     extra[(label, w, seed)] = ex.train_or_resume(ctx, name(label, w, seed),
-                                                                 config(ctx, recipe, w, seed))
+                                                                 config(ctx, recipe, w, seed, lr[label]))
         ex.need_runs(ctx)
         for (label, w), s in first.items():
             seeds = [(1, s, scored[(label, w)])] + [
@@ -162,7 +180,9 @@ def run(ctx: ex.Context) -> dict[str, Any]:
         trans = {m: transition([(r["params"], r["accuracy_mean"]) for r in rs]) for m, rs in sweep.items()}
         table += "\n\n" + ex.markdown_table(["model", "≥80% transition (params, mean accuracy over seeds)"],
                                            [[m, "not reached" if t is None else f"{t:,}"] for m, t in trans.items()])
-        verdict = "The pilot reached 80%; the width stage ran at the pilot's budget."
+        verdict = ("The pilot reached 80%; the width stage ran at the pilot's budget, each model at the best LR of "
+                   f"its own check (width {check_width}, seed 1, {CHECK_STEPS if not ctx.quick else 20:,} steps, the "
+                   "in-training validation estimate):\n\n" + ex.sweep_table(list(checks.values())))
     else:
         verdict = (f"The pilot reached {pilot['accuracy']:.1%} < 80% at {PILOT_STEPS:,} steps: the width sweep is left "
                    "to the GPU profile (`energyformer experiment listops_transition --profile paper`).")
@@ -171,7 +191,7 @@ def run(ctx: ex.Context) -> dict[str, Any]:
               f"standard error; beside each model's transition {1 + EXTRA_SEEDS} seeds: mean ± sample std over seeds), "
               f"{PILOT_STEPS:,} steps with the reference's {DECAY_HORIZON:,}-iteration decay horizon. Val loss: the "
               "fixed evaluation (whole validation split, kept weights). " + ex.CONVERGED_NOTE)
-    return ex.write_results(ctx, table, {"pilot": pilot, "widths": sweep}, header, verdict)
+    return ex.write_results(ctx, table, {"pilot": pilot, "lr_checks": checks, "widths": sweep}, header, verdict)
 
 
 __all__ = ["next_to_transition", "run", "transition"]

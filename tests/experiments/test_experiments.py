@@ -260,3 +260,23 @@ def test_shakespeare_scaling_gap_growth_reads_the_curve_after_one_epoch(tmp_path
     assert g["growth"] == pytest.approx(0.2)
     (tmp_path / "metrics.jsonl").write_text("")
     assert gap_growth(tmp_path, 90)["growth"] is None
+
+
+def test_listops_width_stage_trains_each_model_at_its_own_checked_lr(tmp_path, monkeypatch):
+    """Past the pilot (its accuracy level lowered so that a quick pilot opens the stage), every model gets
+    its own LR check (the pilot's LR and the values either side, extended past an edge) and trains every
+    width at its own best LR."""
+    from energyformer.experiments import listops_transition as lt
+    from energyformer.runs.config import load_config
+
+    monkeypatch.setattr(lt, "PILOT_LEVEL", 0.0)
+    ctx = Context("listops_transition", seeds=1, quick=True, work_dir=tmp_path / "w", verbose=False)
+    out = lt.run(ctx)
+    for label in lt.MODELS:
+        slug = label.replace(" ", "_")
+        check = out["lr_checks"][label]
+        assert set(lt.CHECK_LRS) <= set(check["lrs"]) and check["best_lr"] in check["lrs"]
+        assert all((ctx.records / f"sweep_{slug}_lr{lr:g}").is_dir() for lr in check["lrs"])
+        for w in (8, 16):
+            assert load_config(ctx.records / f"{slug}_d{w}_s1" / "config.yaml").train.learning_rate == check["best_lr"]
+        assert [r["width"] for r in out["widths"][label]] == [8, 16]
