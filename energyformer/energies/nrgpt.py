@@ -28,7 +28,9 @@ Two parameterizations of ``J_h``:
 * ``"factored"`` (paper / Energy Transformer): ``J_h = W^K_hᵀ W^Q_h`` with ``q_weight``,
   ``k_weight`` of shape ``(H, d_h, d)``.
 
-The attention ``*_grad`` functions are the fast path (``scaled_dot_product_attention``) and the
+The attention ``*_grad`` functions are the fast path (``scaled_dot_product_attention``, or the
+scores materialized in the compute dtype for heads wider than the fused CUDA kernels take, as
+full ``J``'s ``d``-wide keys at GPT-2 width; docs/gpu.md "Wide attention heads") and the
 FF1/FF2W ``*_grad`` functions fused ``autograd.Function``s with hand-written backwards; each
 ``*_grad_reference`` function is the plain reference (explicit masked softmax / the formula under
 ordinary autograd) held equal to it, and to ``torch.autograd`` on the energy, in the tests.
@@ -159,12 +161,14 @@ def attention_energy_reference(g: torch.Tensor, J: torch.Tensor, alpha: torch.Te
 
 def attention_grad(g: torch.Tensor, J: torch.Tensor, alpha: torch.Tensor, beta: float,
                    strict: bool = True, dropout_p: float = 0.0) -> torch.Tensor:
-    """Fast path (SDPA) for ``∂E_A/∂g_A`` of :func:`attention_energy`: ``(B, N, d)``.
+    """Fast path for ``∂E_A/∂g_A`` of :func:`attention_energy`: ``(B, N, d)``.
 
-    ``= −Σ_h α_h Σ_{B ∈ ctx(A)} p^h_{AB} J_hᵀ g_B`` (docs/nrgpt.md §2). Queries are ``g`` itself,
-    keys and values are ``J_hᵀ g_B``. ``dropout_p > 0`` drops attention weights (training only;
-    the result is then a stochastic force, not the exact gradient). Token 0's force is 0 under
-    the strict mask.
+    ``= −Σ_h α_h Σ_{B ∈ ctx(A)} p^h_{AB} J_hᵀ g_B`` (docs/nrgpt.md §2). Queries are ``g`` itself
+    (cast once to the keys' dtype, then viewed over heads, never copied), keys and values are
+    ``J_hᵀ g_B``, ``d`` wide: SDPA, or on CUDA above 256 features the materialized scores
+    (:func:`energyformer.energies.heads.attention_path`, docs/gpu.md "Wide attention heads").
+    ``dropout_p > 0`` drops attention weights (training only; the result is then a stochastic
+    force, not the exact gradient). Token 0's force is 0 under the strict mask.
 
     Raises:
         ValueError: ``strict`` not a bool, or bad shapes.
