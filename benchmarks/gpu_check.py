@@ -38,7 +38,7 @@ for every energy family (bf16, timed peak); no math- or memory-efficient-kernel 
 wide-head attention's default path; compiled ≥ 1.0× eager; NRGPT T = 12 with checkpointing
 ≤ 0.35× the saved bytes; every test of tests/train/test_cuda.py passed.
 
-    PYTHONPATH=. python benchmarks/gpu_check.py --out $OUT/results.json     # on the GPU machine
+    PYTHONPATH=. python benchmarks/gpu_check.py --out $OUT/results.json     # on the GPU machine, timeout 420 s
     python benchmarks/gpu_check.py --device cpu --tiny                       # CPU smoke (seconds)
     python benchmarks/gpu_check.py --vendor-deps .gpu_deps                   # see benchmarks/README.md
 
