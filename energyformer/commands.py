@@ -707,7 +707,8 @@ def inspect_energy(run_dir: str, prompt: str = "\n", out: str | None = None, n_s
 
 def evaluate(run_dir: str, tasks: str = "mmlu_dev,val_loss", out: str | None = None, num_fewshot: int = 4,
              batch_size: int = 8, limit: int | None = None, include_path: str | None = None, device: str = "auto",
-             n_steps: int | None = None, quiet: bool = False) -> dict[str, Any]:
+             n_steps: int | None = None, quiet: bool = False, exit: str | None = None,
+             monotone: bool = False) -> dict[str, Any]:
     """Evaluate a run: MMLU-format dev questions, validation loss, lm-eval tasks; a JSON + Markdown report.
 
     Args:
@@ -723,6 +724,9 @@ def evaluate(run_dir: str, tasks: str = "mmlu_dev,val_loss", out: str | None = N
         n_steps: NRGPT / recurrent GPT: descent steps at evaluation (default: as trained).
         quiet: no progress on stderr (by default a line per task as it starts and ends, with its
             time, and progress bars over the requests when stderr is a terminal).
+        exit: per-token adaptive exit NAME:THRESHOLD for every task, as for sample
+            (docs/inference_compute.md); --n-steps is then the most steps a token gets.
+        monotone: NRGPT / CEM: energy-safe steps, as for sample.
 
     Returns:
         the report (printed as the Markdown table).
@@ -739,6 +743,7 @@ def evaluate(run_dir: str, tasks: str = "mmlu_dev,val_loss", out: str | None = N
         out = str(Path("eval") / f"{entry}.json")
     return evaluate_run(run_dir, tasks, out=out, num_fewshot=num_fewshot, batch_size=batch_size, limit=limit,
                         include_path=include_path, device=device, n_steps=n_steps,
+                        exit=_exit_options(exit, None, n_steps)[0], accept_lower_energy=monotone,
                         progress=False if quiet else None, name=f"zoo:{entry}" if entry else None)
 
 

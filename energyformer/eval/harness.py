@@ -53,6 +53,7 @@ from tqdm.auto import tqdm
 
 from energyformer._validate import check_int
 from energyformer.data import load_tokenizer
+from energyformer.layers.exit import parse_exit
 from energyformer.runs.rundir import load_run
 
 MODEL_NAME = "energyformer"
@@ -92,6 +93,8 @@ class EnergyformerLM(TemplateLM):
         max_gen_toks: default ``max_gen_toks`` of ``generate_until``.
         prefix_token_id: the token an empty context is conditioned on (see the module docstring).
         n_steps: NRGPT / recurrent GPT: descent steps at evaluation (default: as trained).
+        exit: per-token adaptive exit ``NAME:THRESHOLD`` (``kl:1e-3`` ...; docs/inference_compute.md).
+        accept_lower_energy: NRGPT / CEM: energy-safe steps (docs/inference_compute.md §5).
         progress: a tqdm bar (on stderr) over the requests of each call: ``None`` only on a
             terminal, ``False`` never, ``True`` always (unless lm-eval passes ``disable_tqdm``).
 
@@ -103,7 +106,7 @@ class EnergyformerLM(TemplateLM):
 
     def __init__(self, run: str, batch_size: int | str = 8, device: str = "auto", max_gen_toks: int = 256,
                  prefix_token_id: int | None = None, n_steps: int | None = None, progress: bool | None = None,
-                 **kwargs: Any):
+                 exit: str | None = None, accept_lower_energy: bool | str = False, **kwargs: Any):
         super().__init__()
         from energyformer.utils.device import configure_backends, resolve_device
 
@@ -121,6 +124,10 @@ class EnergyformerLM(TemplateLM):
         self.vocab_limit = min(self.tokenizer.vocab_size, self.model.config.vocab_size)
         self.progress = progress
         self.forward_kwargs = {} if n_steps is None else {"n_steps": check_int("n_steps", int(n_steps), 1)}
+        if exit is not None:
+            self.forward_kwargs["exit"] = parse_exit(exit)  # an unknown name raises here, naming the known ones
+        if str(accept_lower_energy).lower() in ("true", "1"):  # lm-eval passes model_args as strings
+            self.forward_kwargs["accept_lower_energy"] = True
         if prefix_token_id is None:
             try:
                 prefix_token_id = self.tokenizer.encode("\n")[0]

@@ -157,7 +157,8 @@ def _disable(progress: bool | None) -> bool | None:
 def evaluate_run(run_dir: str | Path, tasks: str | Sequence[str] = BUILTIN_TASKS, out: str | Path | None = None,
                  num_fewshot: int = 4, batch_size: int = 8, limit: int | None = None,
                  include_path: str | None = None, device: str = "auto", n_steps: int | None = None,
-                 progress: bool | None = None, name: str | None = None) -> dict[str, Any]:
+                 progress: bool | None = None, name: str | None = None, exit: str | None = None,
+                 accept_lower_energy: bool = False) -> dict[str, Any]:
     """Evaluate a run on ``tasks``; write ``out`` (``.json``, and the Markdown table beside it as ``.md``).
 
     Args:
@@ -173,6 +174,9 @@ def evaluate_run(run_dir: str | Path, tasks: str | Sequence[str] = BUILTIN_TASKS
         n_steps: NRGPT / recurrent GPT: descent steps at evaluation (default: as trained).
         progress: on stderr, a line per task as it starts and ends (with its time) and progress
             bars; ``None``: the lines, and the bars on a terminal only; ``False``: nothing.
+        exit, accept_lower_energy: per-token adaptive exit (``kl:1e-3`` ...) and energy-safe steps
+            for every task (docs/inference_compute.md); with them and ``n_steps``, val_loss runs the
+            model with the same options as the other tasks.
         name: how the report names the run (``"run"``; default: ``run_dir``), e.g. ``zoo:NAME`` for a
             model that ships with the package.
 
@@ -198,7 +202,7 @@ def evaluate_run(run_dir: str | Path, tasks: str | Sequence[str] = BUILTIN_TASKS
         raise ValueError(f"run {str(run_dir)!r} is incomplete: it holds no complete checkpoint yet")
     report: dict[str, Any] = {"run": name or str(run_dir), "tasks": {}}
     lm = harness.EnergyformerLM(run=str(run_dir), batch_size=batch_size, device=device, n_steps=n_steps,
-                                progress=progress)
+                                progress=progress, exit=exit, accept_lower_energy=accept_lower_energy)
     say: Callable[[str], None] = (lambda msg: None) if progress is False else (
         lambda msg: tqdm.write(msg, file=sys.stderr))
     for i, task in enumerate(names, 1):
@@ -213,6 +217,20 @@ def evaluate_run(run_dir: str | Path, tasks: str | Sequence[str] = BUILTIN_TASKS
     return report
 
 
+class _WithOptions:
+    """``model`` called with ``options`` (``n_steps``, ``exit``, ...) added to every forward; every other
+    attribute is the model's (``config``, ``parameters``, ...)."""
+
+    def __init__(self, model: Any, options: dict[str, Any]):
+        self.model, self.options = model, options
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model(*args, **{**self.options, **kwargs})
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+
 def _run_task(name: str, lm: Any, run_dir: Path, num_fewshot: int, limit: int | None, include_path: str | None,
               device: str, progress: bool | None, manager: Any = None) -> dict[str, Any]:
     """The results of one task of :func:`evaluate_run` on the adapter ``lm``."""
@@ -223,7 +241,8 @@ def _run_task(name: str, lm: Any, run_dir: Path, num_fewshot: int, limit: int | 
 
     if name == "val_loss":
         _, run_cfg, meta = load_run(run_dir)
-        return val_loss(lm.model, run_cfg.data.path, load_tokenizer(meta), lm.batch_size,
+        model = _WithOptions(lm.model, lm.forward_kwargs) if lm.forward_kwargs else lm.model
+        return val_loss(model, run_cfg.data.path, load_tokenizer(meta), lm.batch_size,
                         None if limit is None else limit * lm.max_length, resolve_device(device), progress)
     if name == "mmlu_dev":
         vocab = set(getattr(lm.tokenizer, "chars", ())) or None

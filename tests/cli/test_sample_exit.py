@@ -73,3 +73,26 @@ def test_inspect_with_exit_reports_steps_and_energy_against_loss(runs, tmp_path,
     corr = trace["energy_vs_loss"]
     assert corr["n"] == len(trace["tokens"]) - 1 and -1 <= corr["pearson"] <= 1 and -1 <= corr["spearman"] <= 1
     assert f"final energy vs next-token loss over {corr['n']} tokens: Pearson {corr['pearson']:+.3f}" in said
+
+
+def test_eval_val_loss_runs_with_the_exit_and_the_steps(tmp_path, capsys):
+    """`eval --exit SPEC --n-steps K` scores val_loss with the same forward options as the other tasks."""
+    from helpers import make_data_dir
+
+    from energyformer.eval.suite import val_loss
+
+    data = make_data_dir(tmp_path / "data", chars=CHARS)
+    run = make_run(tmp_path / "run", {"arch": "nrgpt"}, data_dir=data)
+    out = tmp_path / "r.json"
+    assert main(["eval", str(run), "--tasks", "val_loss", "--exit", "rel:0.03", "--n-steps", "8", "--monotone",
+                 "--quiet", "--out", str(out)]) == 0
+    got = json.loads(out.read_text())["tasks"]["val_loss"]["loss"]
+    model = load_run(run)[0]
+    bound = type("Bound", (), {"__call__": lambda self, idx, **kw: model(idx, n_steps=8, exit="rel:0.03",
+                                                                         accept_lower_energy=True, **kw),
+                               "config": model.config, "parameters": lambda self: model.parameters()})()
+    want = val_loss(bound, data, CharTokenizer(CHARS), batch_size=8)["loss"]
+    plain = val_loss(model, data, CharTokenizer(CHARS), batch_size=8)["loss"]
+    assert got == pytest.approx(want, rel=1e-6) and got != pytest.approx(plain, rel=1e-6)
+    assert main(["eval", str(run), "--tasks", "val_loss", "--exit", "klx:1", "--quiet"]) == 2
+    assert "unknown exit criterion 'klx'" in capsys.readouterr().err
