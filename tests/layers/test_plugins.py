@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 import yaml
-from helpers import make_data_dir
+from helpers import make_data_dir, tiny_config_dict
 
 from energyformer.cli import main
 from energyformer.layers.cem_options import INTERACTIONS, DiagSharedInteraction
@@ -53,10 +53,8 @@ def toy_entries():
 
 def _recipe(tmp_path, model):
     data = make_data_dir(tmp_path / "data" / "toy")
-    recipe = {"model": {"block_size": 16, "d_model": 16, "n_heads": 2, **model},
-              "data": {"data_dir": str(data)},
-              "train": {"max_steps": 4, "batch_size": 4, "eval_interval": 2, "eval_iters": 1, "warmup_steps": 1,
-                        "log_interval": 1, "device": "cpu"}}
+    recipe = tiny_config_dict(data, None, {"d_model": 16, "n_heads": 2, **model}, max_steps=4, eval_interval=2,
+                              warmup_steps=1, learning_rate=1e-3)
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
     return path

@@ -3,7 +3,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import make_data_dir
+from helpers import make_data_dir, tiny_config
 
 from energyformer.cli import main
 from energyformer.runs import load_config
@@ -22,12 +22,10 @@ def offline(tmp_path, monkeypatch):
 
 
 def _cfg(tmp_path, max_steps, **train_kw):
-    data = make_data_dir(tmp_path / "data")
-    return load_config({"model": {"arch": "gpt", "d_model": 16, "n_layers": 1, "n_heads": 2, "block_size": 8},
-                        "data": {"data_dir": str(data)},
-                        "train": {"out_dir": str(tmp_path / "run"), "max_steps": max_steps, "batch_size": 2,
-                                  "eval_interval": 2, "eval_iters": 1, "log_interval": 1, "warmup_steps": 1,
-                                  "device": "cpu", "compile": False, **train_kw}}, resolve_vocab=True)
+    model = {"d_model": 16, "n_layers": 1, "block_size": 8}
+    return tiny_config(make_data_dir(tmp_path / "data"), tmp_path / "run", model,
+                       **{"max_steps": max_steps, "batch_size": 2, "eval_interval": 2, "warmup_steps": 1,
+                          "learning_rate": 1e-3, "compile": False, **train_kw})
 
 
 def _run_files(run_dir, run_id):
