@@ -26,12 +26,18 @@ CEM = {"arch": "cem", "vocab_size": 11, "d_model": 16, "n_layers": 2, "n_heads":
        "preconditioner": "diag_lowrank", "preconditioner_rank": 2}
 
 
-def test_nrgpt_trace_energies_equal_direct_evaluation():
-    torch.manual_seed(0)
-    model = build_model(NRGPT).double().eval()
-    idx = torch.randint(0, 11, (2, 9))
+def _traced(cfg, seed, shape):
+    """A float64 model of ``cfg`` (seeded), random ids of ``shape`` and the trace of its forward."""
+    torch.manual_seed(seed)
+    model = build_model(cfg).double().eval()
+    idx = torch.randint(0, 11, shape)
     with model.trace() as trace:
         model(idx)
+    return model, idx, trace
+
+
+def test_nrgpt_trace_energies_equal_direct_evaluation():
+    model, _, trace = _traced(NRGPT, 0, (2, 9))
     for r in trace.select(0, "block"):
         direct = model.block.energy(r.x)
         assert torch.allclose(r.energies["attn"], direct["attn"], atol=1e-12)
@@ -47,11 +53,7 @@ def test_nrgpt_trace_energies_equal_direct_evaluation():
 
 
 def test_cem_trace_energies_equal_direct_evaluation():
-    torch.manual_seed(1)
-    model = build_model(CEM).double().eval()
-    idx = torch.randint(0, 11, (1, 7))
-    with model.trace() as trace:
-        model(idx)
+    model, idx, trace = _traced(CEM, 1, (1, 7))
     for layer in trace.layers():
         for sub in ("attn", "mlp"):
             recs = trace.select(layer, sub)
