@@ -289,3 +289,27 @@ def test_max_halvings_zero_rejects_every_rising_step():
     moved = (x1 - x0).abs().sum(-1) > 0
     assert torch.equal(x1[moved], full[moved]) and torch.equal(x1[~moved], x0[~moved])
     assert not math.isnan(float(x1.sum()))
+
+
+@pytest.mark.parametrize("kind", ["nrgpt", "cem"])
+def test_monotone_steps_with_an_exit_are_causal(models, idx, kind):
+    model = models[kind]
+    other = idx.clone()
+    other[:, 6:] = (other[:, 6:] + 5) % V
+    kw = dict(exit="rel:0.05", n_steps=12, accept_lower_energy=True)
+    with torch.no_grad():
+        a, steps_a = model(idx, **kw)[0], model.exit_steps
+        b, steps_b = model(other, **kw)[0], model.exit_steps
+    torch.testing.assert_close(a[:, :6], b[:, :6], rtol=0, atol=1e-12)
+    assert torch.equal(steps_a[:, :6], steps_b[:, :6])
+
+
+def test_inspect_report_of_a_cem_with_an_exit_has_its_steps_and_the_energy_loss_correlation(models, idx):
+    from energyformer.inspect.energy import energy_report
+
+    model = models["cem"]
+    report = energy_report(model, idx[:1], exit="rel:0.05", n_steps=8)
+    with torch.no_grad():
+        model(idx[:1], exit="rel:0.05", n_steps=8)
+    assert report["steps_taken"] == model.exit_steps[0].tolist()
+    assert len(report["per_token"]["energy"]) == N and report["energy_vs_loss"]["n"] == N - 1
