@@ -1,8 +1,9 @@
 """Checkpoints: safetensors round trip (tied weights, wrapper prefixes), weights-only train state,
-RNG states, atomic writes, torn/corrupt/missing files and load_run errors."""
+RNG states (CUDA ones with fewer devices), atomic writes, torn/corrupt/missing files and load_run errors."""
 import json
 import os
 import random
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -118,6 +119,23 @@ def test_rng_state_round_trip():
     rng.set_rng_state(state)
     b = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2] == b[2]
+
+
+def test_cuda_rng_states_restore_with_fewer_devices(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # one visible CUDA device, faked
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    restored = []
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, i: restored.append((i, int(s[0]))))
+    monkeypatch.setattr(rng, "_warned_cuda", [])
+    state = {**rng.rng_state(), "cuda": [torch.full((4,), 7, dtype=torch.uint8),
+                                          torch.full((4,), 9, dtype=torch.uint8)]}
+    with pytest.warns(UserWarning, match="CUDA RNG states of 2 devices but 1 are visible"):
+        rng.set_rng_state(state)
+    assert restored == [(0, 7)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process
+        rng.set_rng_state(state)
+    assert restored == [(0, 7), (0, 7)]
 
 
 def test_atomic_write_keeps_old_file_on_failure(tmp_path, monkeypatch):

@@ -1,10 +1,9 @@
 """The runtime side of training and inference on NVIDIA GPUs, tested on the CPU (docs/gpu.md):
-dtype and backend defaults, the peak FLOP/s table, the device of a torchrun rank, CUDA RNG
-states restored with fewer devices, per-rank seeds, no host read per step or per token, FSDP2's
-mixed precision and one all-reduce for the replicated scalars, ``device: auto`` defaults."""
+dtype and backend defaults, the peak FLOP/s table, the device of a torchrun rank, per-rank seeds,
+no host read per step or per token, FSDP2's mixed precision and one all-reduce for the replicated
+scalars, ``device: auto`` defaults (CUDA RNG states with fewer devices: tests/runs/test_checkpoint.py)."""
 import inspect
 import math
-import warnings
 
 import pytest
 import torch
@@ -13,7 +12,6 @@ import torch.distributed as tdist
 from energyformer import commands
 from energyformer.models.base import CausalLM
 from energyformer.models.registry import build_model
-from energyformer.runs import rng as rng_mod
 from energyformer.runs.checkpoint import find_checkpoint
 from energyformer.runs.config import TrainConfig
 from energyformer.runs.rundir import read_metrics
@@ -111,22 +109,6 @@ def test_init_distributed_takes_the_one_visible_device(monkeypatch):
     fake_cuda(monkeypatch, 0)
     with pytest.raises(ValueError, match="LOCAL_RANK=3 asks for a CUDA device but none is visible"):
         dist.init_distributed("cuda")
-
-
-def test_cuda_rng_states_restore_with_fewer_devices(monkeypatch):
-    fake_cuda(monkeypatch, 1)
-    restored = []
-    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, i: restored.append((i, int(s[0]))))
-    monkeypatch.setattr(rng_mod, "_warned_cuda", [])
-    state = {**rng_mod.rng_state(), "cuda": [torch.full((4,), 7, dtype=torch.uint8),
-                                              torch.full((4,), 9, dtype=torch.uint8)]}
-    with pytest.warns(UserWarning, match="CUDA RNG states of 2 devices but 1 are visible"):
-        rng_mod.set_rng_state(state)
-    assert restored == [(0, 7)]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # once per process
-        rng_mod.set_rng_state(state)
-    assert restored == [(0, 7), (0, 7)]
 
 
 def test_every_rank_draws_its_own_dropout_masks():
