@@ -3,6 +3,7 @@ the regressor model (docs/nrgpt.md §8, docs/cem.md §9)."""
 import io
 import json
 import math
+import random
 import tarfile
 
 import numpy as np
@@ -13,7 +14,17 @@ from energyformer import build_model
 from energyformer.data import load_tokenizer
 from energyformer.data.gp import GPSettings, rbf_kernel
 from energyformer.data.gp import generate as gp_generate
-from energyformer.data.listops import ListOpsSettings, chain, evaluate, generate, is_held_out
+from energyformer.data.listops import (
+    FUNCTIONS,
+    SYMBOLS,
+    ListOpsSettings,
+    chain,
+    evaluate,
+    exclusion_set,
+    generate,
+    is_held_out,
+    single_function_tests,
+)
 from energyformer.data.task_data import prepare_task_data
 from energyformer.tasks.gp import evaluate_regressor, posterior_mean, rmse_per_position
 from energyformer.tasks.listops import accuracy_with_stderr, evaluate_listops, parse_answer
@@ -270,3 +281,20 @@ def test_gpt2_known_encodings(gpt2_tokenizer):
     assert tok.encode("<|endoftext|>")[0] != 50256  # plain text, never the special token
     assert tok.decode([15496, 995, 50256]) == "Hello world<|endoftext|>"
     assert load_tokenizer({"tokenizer": "gpt2", "vocab_size": 50257}).encode("Hello world") == [15496, 995]
+
+
+def test_single_function_tests_are_held_out_and_pure():
+    s = ListOpsSettings(n_train=400, n_val=20, n_test=20)
+    sets = single_function_tests(s, n=30)
+    assert list(sets) == list(s.functions) and all(len(v) == 30 for v in sets.values())
+    excluded = exclusion_set(random.Random(s.seed), s)
+    assert excluded == set(generate(s)["excluded"])
+    train = set(generate(s)["train"])
+    for name, problems in sets.items():
+        symbol = FUNCTIONS[name][0]
+        for p in problems:
+            ops = {c for c in p["chain"] if c in SYMBOLS}
+            assert ops == {symbol} and p["function"] == name
+            assert is_held_out(p["chain"], excluded, s.max_args) and p["chain"] not in train
+            assert p["prompt"] == p["chain"].split("=", 1)[0] + "="
+    assert single_function_tests(s, n=30) == sets

@@ -1,5 +1,6 @@
-"""Floors beside the experiments' numbers: count-model losses of a corpus, the ListOps generator's
-exact entropy, chance accuracies, and the ListOps report's extra metrics."""
+"""The ListOps floors beside the experiments' numbers (energyformer.tasks.listops_floor): the
+generator's exact entropy, chance accuracies, and the ListOps report's extra metrics
+(energyformer.tasks.listops); the count-model floors are tested in tests/eval."""
 import itertools
 import json
 import math
@@ -12,12 +13,8 @@ from energyformer import build_model
 from energyformer.data import load_tokenizer
 from energyformer.data.listops import (
     FUNCTIONS,
-    SYMBOLS,
     ListOpsSettings,
     chain,
-    exclusion_set,
-    generate,
-    is_held_out,
     random_tree,
     read_test,
     single_function_tests,
@@ -99,23 +96,6 @@ def test_chance_accuracies_hand_example():
     assert per["accuracy"] == pytest.approx(5 / 6)
     with pytest.raises(ValueError, match="no ListOps problems"):
         chance_accuracies([])
-
-
-def test_single_function_tests_are_held_out_and_pure():
-    s = ListOpsSettings(n_train=400, n_val=20, n_test=20)
-    sets = single_function_tests(s, n=30)
-    assert list(sets) == list(s.functions) and all(len(v) == 30 for v in sets.values())
-    excluded = exclusion_set(random.Random(s.seed), s)
-    assert excluded == set(generate(s)["excluded"])
-    train = set(generate(s)["train"])
-    for name, problems in sets.items():
-        symbol = FUNCTIONS[name][0]
-        for p in problems:
-            ops = {c for c in p["chain"] if c in SYMBOLS}
-            assert ops == {symbol} and p["function"] == name
-            assert is_held_out(p["chain"], excluded, s.max_args) and p["chain"] not in train
-            assert p["prompt"] == p["chain"].split("=", 1)[0] + "="
-    assert single_function_tests(s, n=30) == sets
 
 
 # ---------------------------------------------------------------------------------------------
