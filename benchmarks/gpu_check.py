@@ -160,6 +160,9 @@ class Ctx:
     goals: list[dict[str, Any]] = field(default_factory=list)
     out: Path | None = None
     results: dict[str, Any] = field(default_factory=dict)
+    #: a row's share is never below this (while the section has it left): the first rows also pay
+    #: one-time costs (profiler, kernel selection) and, ordered by value, matter most
+    min_row_s: float = 0.0
 
     @property
     def cuda(self) -> bool:
@@ -256,16 +259,17 @@ def sleep_hook(name: str) -> None:
 def guarded_rows(ctx: Ctx, section: str, deadline: float, items: list[tuple[str, Any]], fn: Callable,
                  in_process: bool = True) -> list[dict[str, Any]]:
     """``fn(ctx, name, item)`` for every item, each within its share of what is left of the section
-    (weighted by :func:`row_weight`); the results are saved before a row starts (its name under
-    ``running``) and after it ends, so a kill keeps every finished row. A row that runs past its
-    share is stopped (``in_process``: by :func:`row_alarm`) and recorded as ``stopped``; an
-    exception (out of memory, a failed compile) is recorded in the row; the next row runs either way."""
+    (weighted by :func:`row_weight`, at least ``ctx.min_row_s`` while that is left); the results
+    are saved before a row starts (its name under ``running``) and after it ends, so a kill keeps
+    every finished row. A row that runs past its share is stopped (``in_process``: by
+    :func:`row_alarm`) and recorded as ``stopped``; an exception (out of memory, a failed compile)
+    is recorded in the row; the next row runs either way."""
     sec = ctx.section(section)
     rows: list[dict[str, Any]] = sec.setdefault("rows", [])
     for i, (name, item) in enumerate(items):
         left = deadline - time.monotonic()
         weights = [row_weight(n) for n, _ in items[i:]]
-        limit = left * weights[0] / sum(weights)
+        limit = max(left * weights[0] / sum(weights), min(left, ctx.min_row_s))  # earlier rows matter more
         if limit < 0.05:
             rows.append({"name": name, "skipped": "the section's time budget was spent"})
             say(f"  {name}: skipped (section budget spent)")
@@ -903,7 +907,8 @@ def make_ctx(args: argparse.Namespace) -> Ctx:
                vocab=TINY_VOCAB if args.tiny else GPT2_VOCAB, repeats=args.repeats or (1 if args.tiny else 3),
                warmup=0 if args.tiny else 1,
                backend=args.compile_backend or ("eager" if args.tiny else "inductor"),
-               log_dir=Path(args.out).parent if args.out else ROOT / "benchmarks" / "results")
+               log_dir=Path(args.out).parent if args.out else ROOT / "benchmarks" / "results",
+               min_row_s=2.0 if args.tiny else 15.0)
 
 
 def main(argv=None) -> int:

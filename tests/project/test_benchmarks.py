@@ -433,6 +433,10 @@ def test_gpu_check_rows_are_saved_stopped_at_their_share_and_errors_are_rows(gpu
     s3 = [s["sections"]["s3"] for s in saved]  # before and after every row
     assert [s.get("running", {}).get("name") for s in s3] == ["a", None, "b", None]
     assert [len(s["rows"]) for s in s3] == [0, 1, 1, 2]
+    assert s3[0]["running"]["limit_s"] == pytest.approx(2.0, abs=0.2)  # half of 4 s (equal weights)
+    ctx.min_row_s = 3.0  # the first row gets at least this while the section has it
+    gc.guarded_rows(ctx, "s4", time.monotonic() + 4.0, items, lambda c, n, i: {"name": n})
+    assert saved[-4]["sections"]["s4"]["running"]["limit_s"] == pytest.approx(3.0, abs=0.05)
 
 
 def test_gpu_check_pytest_counts_only_passes(gpu_check):
