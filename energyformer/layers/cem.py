@@ -203,10 +203,11 @@ class _CEMSubBlock(Traceable, nn.Module):
                               + ("; with a cache no attention energy: decode with use_cache=False)" if cached else ")"))
         needs = state.needs if state is not None else frozenset()
 
-        def energy(s: torch.Tensor) -> torch.Tensor:
-            return self._energy_or_none(self._normalize(s), h_hat)
+        def energy(s: torch.Tensor) -> torch.Tensor:  # for decisions and criteria only: no graph
+            with torch.no_grad():
+                return self._energy_or_none(self._normalize(s), h_hat)
 
-        e_prev = energy(x) if "energy" in needs else None
+        e_prev = energy(x) if ("energy" in needs or monotone) else None  # ε(x^t | ĥ): the context is fixed
         g, grad, ran = h_hat, None, 0
         for t in range(T):
             if t == first_graph > 0:
@@ -216,18 +217,25 @@ class _CEMSubBlock(Traceable, nn.Module):
                     grad = self._grad(g, h_hat, ctx)
                 if sink is not None:
                     sink.record(t, x, {self.trace_sub: self._energy_or_none(g, h_hat)}, grad)
-                x_new = self._descend(x, grad, t)
-                if monotone:
-                    x_new = accept_lower_energy_step(x, x_new, energy, max_halvings)
+                x_new, e_new = self._descend(x, grad, t), None
+                if monotone:  # the energies of the accepted states come with them
+                    x_new, e_new = accept_lower_energy_step(x, x_new, energy, max_halvings, e_old=e_prev,
+                                                            return_energy=True)
                 if state is not None:
                     x_new = state.apply(x, x_new)
+                    if e_new is not None:
+                        e_new = torch.where(state.active, e_new, e_prev)
                 g_new = self._normalize(x_new)
             grad, ran, go_on = None, t + 1, True
+            if monotone:
+                e_prev_step, e_prev = e_prev, e_new
             if state is not None and t + 1 < T:
                 view = ExitView(t, x, x_new)
                 if "energy" in needs:
-                    e_new = energy(x_new)
-                    view.energy_prev, view.energy_new, e_prev = e_prev, e_new, e_new
+                    if e_new is None:
+                        e_new = energy(x_new)
+                        e_prev_step, e_prev = e_prev, e_new
+                    view.energy_prev, view.energy_new = e_prev_step, e_new
                 if "grad" in needs:
                     view.grad_new = self._grad(g_new, h_hat, ctx)
                     grad = None if torch.is_grad_enabled() else view.grad_new  # the next step's gradient

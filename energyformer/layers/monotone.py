@@ -30,8 +30,8 @@ DEFAULT_MAX_HALVINGS = 4
 
 
 def accept_lower_energy_step(x: torch.Tensor, x_full: torch.Tensor, energy: Callable[[torch.Tensor], torch.Tensor],
-                             max_halvings: int = DEFAULT_MAX_HALVINGS,
-                             e_old: torch.Tensor | None = None) -> torch.Tensor:
+                             max_halvings: int = DEFAULT_MAX_HALVINGS, e_old: torch.Tensor | None = None,
+                             return_energy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The per-token accepted step ``(B, N, d)``.
 
     Args:
@@ -42,10 +42,13 @@ def accept_lower_energy_step(x: torch.Tensor, x_full: torch.Tensor, energy: Call
             fixed (a token's value must not depend on the other tokens' rows of ``states``).
         max_halvings: how many times a token may halve its step before the step is rejected (≥ 0).
         e_old: ``energy(x)`` if already computed.
+        return_energy: also return the energies of the result (``(B, N)``, computed on the way):
+            with a fixed context (CEM) they are the next step's ``e_old``.
 
     Returns:
         ``x − s Δ`` per token with ``s ∈ {1, 1/2, …, 2^-max_halvings}`` the first trial whose
-        energy is ``≤`` the old one, or ``x`` itself (rejected).
+        energy is ``≤`` the old one, or ``x`` itself (rejected); with ``return_energy`` the pair
+        ``(states, energies)``.
 
     Raises:
         ValueError: ``max_halvings`` not an integer ≥ 0.
@@ -55,16 +58,18 @@ def accept_lower_energy_step(x: torch.Tensor, x_full: torch.Tensor, energy: Call
         if e_old is None:
             e_old = energy(x)
     delta = x - x_full
-    out = x
+    out, e_out = x, e_old
     pending = torch.ones(x.shape[:-1], dtype=torch.bool, device=x.device)
     scale = 1.0
     for k in range(max_halvings + 1):
         cand = x_full if k == 0 else x - scale * delta
         with torch.no_grad():
-            ok = pending & (energy(cand) <= e_old)
+            e_cand = energy(cand)
+            ok = pending & (e_cand <= e_old)
         out = torch.where(ok.unsqueeze(-1), cand, out)
+        e_out = torch.where(ok, e_cand, e_out)
         pending = pending & ~ok
         if not bool(pending.any()):
             break
         scale *= 0.5
-    return out
+    return (out, e_out) if return_energy else out
