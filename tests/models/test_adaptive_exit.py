@@ -313,3 +313,40 @@ def test_inspect_report_of_a_cem_with_an_exit_has_its_steps_and_the_energy_loss_
         model(idx[:1], exit="rel:0.05", n_steps=8)
     assert report["steps_taken"] == model.exit_steps[0].tolist()
     assert len(report["per_token"]["energy"]) == N and report["energy_vs_loss"]["n"] == N - 1
+
+
+@pytest.mark.parametrize("sub", ["attn", "mlp"])
+@pytest.mark.parametrize("name", ["rel", "energy", "grad"])
+def test_cem_exit_equals_the_plain_states_at_each_tokens_exit_step(sub, name):
+    """A CEM sub-block's context is fixed, so token i's state after an exit is the plain state after
+    steps_i steps, and steps_i is the first step where the criterion fires on the plain states."""
+    from energyformer.layers.cem import CEMAttention, CEMGatedMLP
+    from energyformer.layers.exit import ExitView, parse_exit
+
+    torch.manual_seed(5)
+    layer = CEMAttention(16, 2, n_steps=2) if sub == "attn" else CEMGatedMLP(16, 32, 2)
+    layer = perturbed(layer, 0.3)
+    x = torch.randn(2, N, 16, dtype=torch.float64)
+    T = 10
+    with torch.no_grad():
+        plain = [x] + [layer(x, n_steps=k) for k in range(1, T + 1)]
+        h_hat = layer._normalize(x)
+        spec = None
+        for k in range(-8, 7):  # a threshold at which the tokens' exit steps differ
+            spec = f"{name}:{10 ** (k / 2):g}"
+            got = layer(x, n_steps=T, exit=spec)
+            if layer.exit_steps.min() < layer.exit_steps.max():
+                break
+        crit, steps = parse_exit(spec), layer.exit_steps
+        ctx = layer._context(h_hat)
+        want = torch.full(steps.shape, T)
+        for t in range(T - 1):  # the first step t whose transition fires: the token got t + 1 steps
+            a, b = plain[t], plain[t + 1]
+            view = ExitView(t, a, b, energy_prev=layer.energy(a, x), energy_new=layer.energy(b, x),
+                            grad_new=layer._grad(layer._normalize(b), h_hat, ctx))
+            fired = crit.fires(view) & (want == T)
+            want[fired] = t + 1
+    assert torch.equal(steps, want)
+    for b in range(2):
+        for i in range(N):
+            torch.testing.assert_close(got[b, i], plain[int(steps[b, i])][b, i], rtol=0, atol=1e-12)
