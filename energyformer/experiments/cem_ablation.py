@@ -33,7 +33,10 @@ from __future__ import annotations
 from typing import Any
 
 from energyformer.experiments import common as ex
+from energyformer.experiments import convergence as conv
+from energyformer.experiments import report
 from energyformer.experiments.stats import format_difference, interpolate_log, paired_difference
+from energyformer.experiments.sweeps import half_decade, lr_sweep, sweep_table
 
 #: label -> (recipe under configs/, LR of its family's earlier sweep (the centre of its check), seeds,
 #: its LR check's run prefix (the earlier sweeps' names for Llama and T=1, so those are reused))
@@ -90,8 +93,8 @@ def run_name(label: str, seed: int, width: int | None = None, tag: str = "") -> 
 def lr_check(ctx: ex.Context, label: str) -> dict[str, Any]:
     """Row ``label``'s own LR check at the base width: its family's LR and the half-decades either side."""
     recipe, centre, _, prefix = VARIANTS[label]
-    lrs = (ex.half_decade(centre, up=False), centre, ex.half_decade(centre, up=True))
-    return ex.lr_sweep(ctx, prefix, lambda lr, steps: config(ctx, recipe, lr, steps, 1), lrs, SWEEP_STEPS)
+    lrs = (half_decade(centre, up=False), centre, half_decade(centre, up=True))
+    return lr_sweep(ctx, prefix, lambda lr, steps: config(ctx, recipe, lr, steps, 1), lrs, SWEEP_STEPS)
 
 
 def trained_run(ctx: ex.Context, label: str, seed: int):
@@ -161,27 +164,27 @@ def _report(ctx: ex.Context, plan: list[dict[str, Any]], checks: dict[str, Any])
                     | {"diverged": bool(s.get("diverged")), "val_loss": (s.get("final_eval") or {}).get("value"),
                        "train_loss": s.get("final_train_loss"), "params": s.get("params"),
                        "train_flops": flops[key] * tokens, "minutes": s.get("minutes"),
-                       "convergence": None if s.get("diverged") else ex.convergence(where)})
+                       "convergence": None if s.get("diverged") else conv.convergence(where)})
     main = [r for r in runs if not r["tag"]]
     base = base_width(ctx)
     table = _equal_tokens_table(main, base, checks) + "\n\n" + _width_table(main) + "\n\n" + _matched_table(main, base)
     table += "\n\n" + _checks_table(runs, base)
-    floors = ex.count_floors(ex.char_data(ctx), ctx)
-    table += "\n\n" + ex.floors_table(floors, "val loss (nats/char)")
+    floors = report.count_floors(ex.char_data(ctx), ctx)
+    table += "\n\n" + report.floors_table(floors, "val loss (nats/char)")
     groups: dict[str, list] = {}
     for r in main:
         if r["width"] == base:
             groups.setdefault(r["label"], []).append(ex.record_dir(ctx, r["name"]))
-    ex.plot_learning_curves(ctx, groups, "loss_curves.png", floors=floors, ylabel="val loss (nats/char)")
+    report.plot_learning_curves(ctx, groups, "loss_curves.png", floors=floors, ylabel="val loss (nats/char)")
     _size_plots(ctx, main)
     header = ("CEM against Llama on Shakespeare-char (4 layers, 4,000 steps × 32 × 128 characters, WSD with a 10% "
               "cooldown). Val loss: the fixed evaluation (the whole validation split, nats/char, from the kept "
               "weights), mean ± sample std over seeds. Δ: the paired difference (seed s: the same batches for every "
-              "arm) with its 95% t-interval. " + ex.CONVERGED_NOTE)
+              "arm) with its 95% t-interval. " + conv.CONVERGED_NOTE)
     sweeps = list(checks.values())
-    return ex.write_results(ctx, table, {"runs": runs, "floors": floors, "lr_checks": sweeps},
+    return report.write_results(ctx, table, {"runs": runs, "floors": floors, "lr_checks": sweeps},
                             header, "LR checks (1,000 steps, seed 1; in-training estimate on the same 10 validation "
-                            "batches for every LR):\n\n" + ex.sweep_table(sweeps))
+                            "batches for every LR):\n\n" + sweep_table(sweeps))
 
 
 def _by(runs, **want) -> dict[int, dict[str, Any]]:
@@ -200,12 +203,12 @@ def _equal_tokens_table(main, base: int, checks) -> str:
         vals = {s: r["val_loss"] for s, r in got.items()}
         first = next(iter(got.values()))
         rows.append([label, f"{checks[label]['best_lr']:g}", f"{first['params']:,}",
-                     f"{first['train_flops']:.3g}", ex.pm(list(vals.values())), len(vals),
-                     ex.converged_cell([r["convergence"] for r in got.values()]),
+                     f"{first['train_flops']:.3g}", report.pm(list(vals.values())), len(vals),
+                     conv.converged_cell([r["convergence"] for r in got.values()]),
                      "–" if label == "llama" else format_difference(paired_difference(llama, vals)),
                      "–" if label in ("llama", "cem tied T=1") else format_difference(paired_difference(t1, vals))])
     return (f"Equal tokens, d_model {base}:\n\n"
-            + ex.markdown_table(["model", "LR (own check)", "params", "training FLOPs", "val loss", "seeds",
+            + report.markdown_table(["model", "LR (own check)", "params", "training FLOPs", "val loss", "seeds",
                                  "converged", "Δ vs llama", "Δ vs T=1"], rows))
 
 
@@ -218,9 +221,9 @@ def _width_table(main) -> str:
                 continue
             first = next(iter(got.values()))
             rows.append([label, w, f"{first['params']:,}", f"{first['train_flops']:.3g}",
-                         ex.pm([r["val_loss"] for r in got.values()]), len(got),
-                         ex.converged_cell([r["convergence"] for r in got.values()])])
-    return "Width sweep (loss against parameters and training FLOPs):\n\n" + ex.markdown_table(
+                         report.pm([r["val_loss"] for r in got.values()]), len(got),
+                         conv.converged_cell([r["convergence"] for r in got.values()])])
+    return "Width sweep (loss against parameters and training FLOPs):\n\n" + report.markdown_table(
         ["family", "d_model", "params", "training FLOPs", "val loss", "seeds", "converged"], rows)
 
 
@@ -258,7 +261,7 @@ def _matched_table(main, base: int) -> str:
     return ("Gaps (val loss, nats/char; negative: the first model is better). Matched: the second model's curve over "
             "its widths, same seed, read (linear in log size) at the first model's parameters or training FLOPs; "
             "– where that lies outside the widths trained:\n\n"
-            + ex.markdown_table(["comparison", "d_model", "equal tokens", "equal parameters", "equal FLOPs"], rows))
+            + report.markdown_table(["comparison", "d_model", "equal tokens", "equal parameters", "equal FLOPs"], rows))
 
 
 def _checks_table(runs, base: int) -> str:
@@ -276,11 +279,11 @@ def _checks_table(runs, base: int) -> str:
             if ra and rb:
                 rows.append([f"{label} − llama", what, "1", f"{rb['val_loss'] - ra['val_loss']:+.4f}"])
     return ("Does the verdict hinge on the cooldown or the budget? (seed 1, val loss difference):\n\n"
-            + ex.markdown_table(["comparison", "setting", "seed", "Δ val loss"], rows))
+            + report.markdown_table(["comparison", "setting", "seed", "Δ val loss"], rows))
 
 
 def _size_plots(ctx: ex.Context, main) -> None:
-    plt = ex.pyplot()
+    plt = report.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     for ax, axis, xlabel in ((axes[0], "params", "parameters"), (axes[1], "train_flops", "training FLOPs")):
         for label in VARIANTS:
@@ -291,7 +294,7 @@ def _size_plots(ctx: ex.Context, main) -> None:
             if not pts:
                 continue
             xs = [sum(p[0] for p in v) / len(v) for _, v in sorted(pts.items())]
-            ys = [ex.mean_std([p[1] for p in v])[0] for _, v in sorted(pts.items())]
+            ys = [report.mean_std([p[1] for p in v])[0] for _, v in sorted(pts.items())]
             ax.plot(xs, ys, "o-" if len(xs) > 1 else "s", label=label)
-        ex.finish_axes(ax, xlabel, "val loss (nats/char)", logx=True)
-    ex.save_figure(ctx, fig, "loss_vs_size.png")
+        report.finish_axes(ax, xlabel, "val loss (nats/char)", logx=True)
+    report.save_figure(ctx, fig, "loss_vs_size.png")

@@ -1,6 +1,5 @@
-"""What every experiment shares: runs built from recipe files plus sweep overrides, training that
-reuses finished runs, learning-rate sweeps, convergence measurement, mean ± std over seeds, and
-writing ``results/NAME/{table.md, results.json, *.png, runs/<run>/}``.
+"""What every experiment's runs share: runs built from recipe files plus sweep overrides, and
+training that reuses finished runs, recorded in ``results/NAME/runs/<run>/``.
 
 An experiment is a module of this package with ``run(ctx) -> dict`` (its ``"table"`` is the
 Markdown printed and written); :class:`Context` carries the options of
@@ -18,17 +17,15 @@ Quick mode. ``--quick`` applies one override (:data:`QUICK`: tiny widths, tens o
 corpus made in the work directory) and writes into ``WORK/quick-results/NAME``, never into
 ``results/``: it tests the pipeline, not the science.
 
-Convergence. :func:`convergence` fits a line to the validation loss over the last 30% of the
-steps before the learning-rate cooldown and calls a run *converged* when the fitted loss fell by
-less than :data:`PLATEAU_REL` (1%) of its value across that window (docs/experiments.md §1).
+The other shared pieces have their own modules: learning-rate sweeps (:mod:`.sweeps`), the
+convergence test (:mod:`.convergence`), tables, plots and the count-model floors (:mod:`.report`),
+statistics (:mod:`.stats`) and the fixed evaluation (:mod:`.scoring`).
 """
 from __future__ import annotations
 
 import json
-import math
 import shutil
-import statistics
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +33,6 @@ from typing import Any
 import torch
 
 from energyformer.experiments.scoring import WEIGHTS_FILE, final_eval, keep_weights
-from energyformer.experiments.stats import PLATEAU_REL, plateau_test
 from energyformer.runs.config import load_config
 from energyformer.runs.recipe import deep_merge, read_recipe
 from energyformer.runs.rundir import (
@@ -77,9 +73,6 @@ QUICK: dict[str, dict[str, Any]] = {
 #: run-time options that do not change what a run computes (ignored when matching a finished run)
 RUNTIME_KEYS = ("out_dir", "num_threads", "device", "resume", "tensorboard", "compile", "init_from", "wandb",
                 "wandb_project", "wandb_run_name")
-
-#: the window: this last fraction of the steps before the cooldown
-WINDOW = 0.3
 
 DIVERGED_FILE = "diverged.json"
 
@@ -443,272 +436,8 @@ def _read_outcome(run_dir: Path) -> dict[str, Any]:  # summary.json or the diver
 
 
 # --------------------------------------------------------------------------------------------
-# learning-rate sweeps
+# the tiny corpus of quick runs
 # --------------------------------------------------------------------------------------------
-
-def lr_sweep(ctx: Context, family: str, make_cfg: Callable[[float, int], dict[str, Any]],
-             lrs: Sequence[float], steps: int, max_extend: int = 2) -> dict[str, Any]:
-    """Train ``make_cfg(lr, steps)`` (seed 1) for every ``lr`` and pick the one with the lowest
-    final validation loss (a diverged run loses). When the best is the largest or the smallest LR
-    tried, the sweep extends by one more value in that direction (the grid's ratio), at most
-    ``max_extend`` times, so the chosen LR is never at the edge of what was tried unless the
-    extension stops improving.
-
-    Returns:
-        ``{"family", "steps" (each run's ``max_steps``), "lrs" (ascending), "final_val_loss" (per lr; inf
-        when diverged), "best_lr"}``.
-    """
-    tried: dict[float, float] = {}
-    trained = int(make_cfg(lrs[0], steps).get("train", {}).get("max_steps", steps))  # quick mode shrinks it
-
-    def loss_at(lr: float) -> float:
-        if lr not in tried:
-            s = train_or_resume(ctx, f"sweep_{family}_lr{lr:g}", make_cfg(lr, steps), require_weights=False)
-            if s.get("pending"):
-                tried[lr] = math.nan
-                return math.nan
-            v = math.inf if s.get("diverged") else float(s["final_val_loss"])
-            tried[lr] = v if math.isfinite(v) else math.inf
-        return tried[lr]
-
-    for lr in lrs:
-        loss_at(lr)
-    if any(math.isnan(v) for v in tried.values()):  # deferred: queued; the caller stops at need_runs
-        ctx.waiting_for_sweep = True
-        return {"family": family, "steps": trained, "lrs": sorted(tried), "final_val_loss": [], "best_lr": lrs[0],
-                "pending": True}
-    for _ in range(max_extend if len(lrs) > 1 else 0):
-        grid = sorted(tried)
-        best = min(grid, key=lambda lr: tried[lr])
-        if best == grid[-1]:
-            extra = loss_at(half_decade(best, up=True))
-        elif best == grid[0]:
-            extra = loss_at(half_decade(best, up=False))
-        else:
-            break
-        if math.isnan(extra):
-            ctx.waiting_for_sweep = True
-            tried.pop(half_decade(best, up=best == grid[-1]))
-            return {"family": family, "steps": trained, "lrs": sorted(tried), "final_val_loss": [],
-                    "best_lr": best, "pending": True}
-    grid = sorted(tried)
-    best = min(grid, key=lambda lr: tried[lr])
-    ctx.say_once(f"  LR sweep {family}: " + ", ".join(f"{lr:g} → {tried[lr]:.4f}" for lr in grid) + f"; using {best:g}")
-    return {"family": family, "steps": trained, "lrs": grid, "final_val_loss": [tried[lr] for lr in grid],
-            "best_lr": best}
-
-
-def half_decade(lr: float, up: bool) -> float:
-    """The next value of the 1-3-10 grid above (or below) ``lr``: 3e-3 → 1e-2, 1e-3 → 3e-4."""
-    exp = math.floor(math.log10(lr) + 1e-9)
-    steps = [(1, exp), (3, exp), (1, exp + 1)] if up else [(3, exp - 1), (1, exp), (3, exp)]
-    cands = [m * 10.0 ** e for m, e in steps]
-    pick = [c for c in cands if (c > lr * 1.05 if up else c < lr / 1.05)]
-    value = min(pick) if up else max(pick)
-    return float(f"{value:.3g}")
-
-
-def sweep_table(sweeps: Sequence[Mapping[str, Any]]) -> str:
-    """Markdown: one row per family, one column per LR (final val loss), the chosen LR."""
-    rows = []
-    for s in sweeps:
-        cells = [("diverged" if not math.isfinite(v) else f"{v:.4f}") for v in s["final_val_loss"]]
-        rows.append([s["family"], s["steps"], " / ".join(f"{lr:g}" for lr in s["lrs"]), " / ".join(cells),
-                     f"{s['best_lr']:g}"])
-    return markdown_table(["family", "sweep steps", "learning rates", "final val loss", "chosen"], rows)
-
-
-# --------------------------------------------------------------------------------------------
-# convergence
-# --------------------------------------------------------------------------------------------
-
-def val_curve(run_dir: Path) -> tuple[list[int], list[float]]:
-    """``(steps, val_loss)`` of every evaluation in ``run_dir/metrics.jsonl``."""
-    steps, vals = [], []
-    path = Path(run_dir) / METRICS_FILE
-    if not path.is_file():
-        return steps, vals
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        rec = json.loads(line)
-        if rec.get("val_loss") is not None:
-            steps.append(int(rec["step"]))
-            vals.append(float(rec["val_loss"]))
-    return steps, vals
-
-
-def stable_end(train: Mapping[str, Any]) -> int:
-    """The last step before the learning-rate cooldown (``wsd``), else the decay horizon."""
-    end = int(train.get("lr_decay_steps") or train["max_steps"])
-    if train.get("lr_schedule") == "wsd":
-        end -= int(train.get("cooldown_steps") or 0)
-    return min(end, int(train["max_steps"]))
-
-
-def convergence(run_dir: Path) -> dict[str, Any]:
-    """Convergence of a run with its evidence (docs/experiments.md §1): the line fitted to the
-    validation loss over the last :data:`WINDOW` of the steps before the cooldown, its slope ± standard
-    error (nats per 1,000 steps), the fitted drop across the window as a share of the loss with its 95%
-    interval, and the verdict of :func:`energyformer.experiments.stats.plateau_test` (``"yes"``: the
-    interval lies within ± :data:`PLATEAU_REL`; ``"no"``: its lower bound is a drop over it;
-    ``"rising"``: its upper bound is a rise over it; ``"unclear"``: it straddles a bound). ``converged``
-    is ``verdict == "yes"``; every value is ``None`` with fewer than 3 evaluations in the window."""
-    train = read_run_config(run_dir).to_dict()["train"]
-    end = stable_end(train)
-    start = end - WINDOW * end
-    steps, vals = val_curve(run_dir)
-    pts = [(s, v) for s, v in zip(steps, vals) if start <= s <= end]
-    out: dict[str, Any] = {"window": [int(start), end], "evals_in_window": len(pts)}
-    if len(pts) < 3:
-        return {**out, **dict.fromkeys(("slope_per_1k", "slope_se_per_1k", "drop", "drop_rel", "drop_rel_lo",
-                                        "drop_rel_hi", "verdict", "converged"))}
-    return {**out, **plateau_test([p[0] for p in pts], [p[1] for p in pts], end - start, PLATEAU_REL)}
-
-
-#: how every table's "converged" column reads (docs/experiments.md §1)
-CONVERGED_NOTE = ("Converged: the 95% interval of the fitted change of the val loss over the last 30% of the steps "
-                  "before the cooldown lies within ±1% of the loss (yes), is a drop beyond 1% (no: still falling), "
-                  "a rise beyond 1% (rising) or none of these (unclear: the interval straddles a ±1% bound); with the "
-                  "slope ± its standard error per 1k steps; – with fewer than 3 evaluations in the window.")
-
-
-def converged_cell(convs: Sequence[Mapping[str, Any]]) -> str:
-    """The verdicts over seeds (``"yes"``, ``"no"``, ``"unclear"`` or counts such as ``"2 no, 1 unclear"``)
-    with the mean slope ± its standard error (per 1k steps; the mean's error over the seeds' fits)."""
-    verdicts = [c.get("verdict") for c in convs if c.get("verdict") is not None]
-    if not verdicts:
-        return "–"
-    counts = {v: verdicts.count(v) for v in ("yes", "no", "rising", "unclear") if v in verdicts}
-    word = next(iter(counts)) if len(counts) == 1 else ", ".join(f"{n} {v}" for v, n in counts.items())
-    fits = [(c["slope_per_1k"], c["slope_se_per_1k"]) for c in convs if c.get("slope_per_1k") is not None]
-    slope = statistics.fmean(f[0] for f in fits)
-    se = math.sqrt(sum(f[1] ** 2 for f in fits)) / len(fits)
-    return f"{word} ({slope:+.3f} ± {se:.3f}/1k)"
-
-
-# --------------------------------------------------------------------------------------------
-# tables, results and plots
-# --------------------------------------------------------------------------------------------
-
-def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """``(mean, sample std)`` (std 0 for one value); NaN for none."""
-    values = [v for v in values if v is not None and math.isfinite(v)]
-    if not values:
-        return math.nan, math.nan
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
-def pm(values: Sequence[float], digits: int = 4) -> str:
-    """``"1.2345 ± 0.0123"`` (the ± part only for more than one value)."""
-    m, s = mean_std(values)
-    if math.isnan(m):
-        return "–"
-    n = len([v for v in values if v is not None and math.isfinite(v)])
-    return f"{m:.{digits}f}" + (f" ± {s:.{digits}f}" if n > 1 else "")
-
-
-def markdown_table(head: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    """A Markdown table of ``head`` and ``rows`` (cells are ``str()``-ed)."""
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def command_line(ctx: Context) -> str:
-    """The command that reproduces this experiment's table."""
-    seeds = "" if ctx.seeds is None else f" --seeds {ctx.seeds}"
-    profile = "" if ctx.profile == "cpu" else f" --profile {ctx.profile}"
-    return f"energyformer experiment {ctx.name}{seeds}{profile}"
-
-
-def write_results(ctx: Context, table: str, results: dict[str, Any], header: str = "",
-                  footer: str = "") -> dict[str, Any]:
-    """Write ``table.md`` (``header``, the reproducing command, the table, ``footer``) and
-    ``results.json`` into ``ctx.out`` (the run records are written as the runs finish)."""
-    ctx.out.mkdir(parents=True, exist_ok=True)
-    parts = [header.strip(), f"Reproduce: `{command_line(ctx)}`", table, footer.strip()]
-    atomic_write_text(ctx.out / "table.md", "\n\n".join(p for p in parts if p) + "\n")
-    payload = {"experiment": ctx.name, "seeds": ctx.seeds, "quick": ctx.quick, "command": command_line(ctx),
-               **results}
-    atomic_write_json(ctx.out / "results.json", payload)
-    return {**payload, "table": table}
-
-
-def pyplot():
-    """matplotlib's pyplot on the Agg backend."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def finish_axes(ax, xlabel: str, ylabel: str | None = None, logx: bool = False) -> None:
-    """Labels, a light grid and the legend of one panel."""
-    if logx:
-        from matplotlib.ticker import NullFormatter
-
-        ax.set_xscale("log")
-        ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels like "2×10⁴" collide on short ranges
-    ax.set_xlabel(xlabel)
-    if ylabel:
-        ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-
-
-def save_figure(ctx: Context, fig, file_name: str) -> Path:
-    """Save ``fig`` as ``ctx.out/file_name`` (tight layout, 110 dpi) and close it."""
-    plt = pyplot()
-    ctx.out.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    path = ctx.out / file_name
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def plot_learning_curves(ctx: Context, groups: Mapping[str, Sequence[Path]], file_name: str = "curves.png",
-                         floors: Mapping[str, float] | None = None, ylabel: str = "val loss") -> Path:
-    """Validation loss against steps for every run (one colour per group, a line per seed), with
-    horizontal lines at ``floors`` (label → value)."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, (label, dirs) in enumerate(groups.items()):
-        for j, d in enumerate(dirs):
-            steps, vals = val_curve(d)
-            if steps:
-                ax.plot(steps, vals, color=colors[i % len(colors)], alpha=0.8, linewidth=1,
-                        label=label if j == 0 else None)
-    for k, (label, v) in enumerate((floors or {}).items()):
-        ax.axhline(v, color="gray", linestyle=("--", ":", "-.")[k % 3], linewidth=1, label=label)
-    finish_axes(ax, "step", ylabel)
-    return save_figure(ctx, fig, file_name)
-
-
-def count_floors(data: Mapping[str, Any] | None, ctx: Context, dataset: str = "shakespeare_char") -> dict[str, float]:
-    """The unigram and bigram count-model validation losses (nats/token) of the corpus of a run's
-    ``data`` section (``None``: the prepared ``dataset`` under ``ctx.data_root``), as table floors."""
-    return corpus_floors(Path(data["root"]) / data["dataset"] if data else Path(ctx.data_root) / dataset)
-
-
-def corpus_floors(path: str | Path) -> dict[str, float]:
-    """The unigram and bigram count-model validation losses (nats/token) of the prepared dataset
-    at ``path``, as table floors."""
-    from energyformer.eval.floors import dataset_floors
-
-    floors = dataset_floors(path)
-    return {"unigram count model": float(floors["unigram"]), "bigram count model": float(floors["bigram"])}
-
-
-def floors_table(floors: Mapping[str, float], unit: str) -> str:
-    """A two-column Markdown table of floors."""
-    return markdown_table(["floor", unit], [[k, f"{v:.4f}"] for k, v in floors.items()])
-
 
 def quick_text() -> str:
     """A small offline English text for quick runs: the docstrings of this package (about 100 kB)."""
@@ -746,8 +475,6 @@ def char_data(ctx: Context, dataset: str = "shakespeare_char") -> dict[str, Any]
     return {"dataset": out.name, "root": str(out.parent)}
 
 
-__all__ = ["CONVERGED_NOTE", "Context", "PendingRuns", "QUICK", "char_data", "convergence", "converged_cell",
-           "count_floors", "finish_axes", "floors_table", "half_decade", "lr_sweep", "markdown_table", "mean_std",
-           "need_runs", "plot_learning_curves", "pm", "pyplot", "quick_text", "recipe_path", "record_dir",
-           "rescore_records", "resolve", "same_config", "save_figure", "schedule", "sweep_table", "train_now",
-           "train_or_resume", "val_curve", "write_results"]
+__all__ = ["Context", "PendingRuns", "QUICK", "char_data", "need_runs", "quick_text", "recipe_path", "record_dir",
+           "record_partial", "record_partials", "rescore_records", "resolve", "same_config", "schedule", "train_now",
+           "train_or_resume"]

@@ -29,6 +29,9 @@ import numpy as np
 import torch
 
 from energyformer.experiments import common as ex
+from energyformer.experiments import convergence as conv
+from energyformer.experiments import report
+from energyformer.experiments.sweeps import half_decade, lr_sweep, sweep_table
 
 RECIPE = "shakespeare_char/nrgpt.yaml"
 BASELINE_RECIPE = "shakespeare_char/gpt_rec_parallel.yaml"
@@ -67,12 +70,12 @@ def lr_sensitivity(sweeps: list[dict[str, Any]]) -> tuple[str, list[dict[str, An
         cells.append([s["family"], *[("diverged" if v == float("inf") else f"{v:.4f}") for v in vals],
                       f"{spread:.4f}", f"{spread / min(vals):.1%}"])
     head = ["family", *[f"LR {lr:g}" for lr in LRS], "spread (nats)", "spread / best"]
-    return ex.markdown_table(head, cells), rows
+    return report.markdown_table(head, cells), rows
 
 
 def trained_run(ctx: ex.Context, eta: str, seed: int):
     """The run directory of the ``eta`` arm's ``seed`` (LR from its sweep), trained if not recorded."""
-    sweep = ex.lr_sweep(ctx, f"nrgpt_{eta}", lambda lr, steps: config(ctx, eta, lr, steps, 1), LRS, SWEEP_STEPS)
+    sweep = lr_sweep(ctx, f"nrgpt_{eta}", lambda lr, steps: config(ctx, eta, lr, steps, 1), LRS, SWEEP_STEPS)
     name = f"nrgpt_{eta}_s{seed}"
     ex.train_or_resume(ctx, name, config(ctx, eta, sweep["best_lr"], STEPS, seed))
     return ex.record_dir(ctx, name)
@@ -116,7 +119,7 @@ def _trace_run(run_dir) -> tuple[dict[int, Any], np.ndarray]:
 def lr_cost_runs(ctx: ex.Context, family: str, make_cfg, best: float) -> dict[float, dict[int, dict[str, Any]]]:
     """The LR-sensitivity runs of one family: its best LR and ×3 / ÷3 (the half-decades either side), at
     the sweep's budget, seeds 1 … :data:`LR_COST_SEEDS`, with kept weights. Returns lr → seed → summary."""
-    lrs = (ex.half_decade(best, up=False), best, ex.half_decade(best, up=True))
+    lrs = (half_decade(best, up=False), best, half_decade(best, up=True))
     return {lr: {seed: ex.train_or_resume(ctx, f"lrcost_{family}_lr{lr:g}_s{seed}", make_cfg(lr, SWEEP_STEPS, seed))
                  for seed in range(1, (1 if ctx.quick else LR_COST_SEEDS) + 1)} for lr in lrs}
 
@@ -138,7 +141,7 @@ def run(ctx: ex.Context) -> dict[str, Any]:
     makers = {f"nrgpt_{eta}": (lambda lr, steps, seed, eta=eta: config(ctx, eta, lr, steps, seed))
               for eta in ARMS.values()}
     makers["gpt_rec_parallel"] = lambda lr, steps, seed: baseline_config(ctx, lr, steps, seed)
-    sweeps = {fam: ex.lr_sweep(ctx, fam, lambda lr, steps, m=m: m(lr, steps, 1), LRS, SWEEP_STEPS)
+    sweeps = {fam: lr_sweep(ctx, fam, lambda lr, steps, m=m: m(lr, steps, 1), LRS, SWEEP_STEPS)
               for fam, m in makers.items()}
     ex.need_runs(ctx)
     trained = {label: {seed: ex.train_or_resume(ctx, f"nrgpt_{eta}_s{seed}",
@@ -155,25 +158,26 @@ def run(ctx: ex.Context) -> dict[str, Any]:
             entry, curve = _trace_run(where)
             curves.setdefault(label, curve)
             per_seed.append({"seed": seed, "trace": entry, "val_loss": summary["final_eval"]["value"],
-                             "convergence": ex.convergence(where)})
+                             "convergence": conv.convergence(where)})
         results[label] = {"lr": sweeps[f"nrgpt_{eta}"]["best_lr"], "seeds": per_seed}
     sweep_list = list(sweeps.values())
     sensitivity, sensitivity_rows = lr_sensitivity(sweep_list)
     cost_rows = {fam: lr_cost(c) for fam, c in costs.items()}
-    floors = ex.count_floors(ex.char_data(ctx), ctx)
-    table = _table(results) + "\n\n" + _difference(results) + "\n\n" + ex.floors_table(floors, "val loss (nats/char)")
+    floors = report.count_floors(ex.char_data(ctx), ctx)
+    table = (_table(results) + "\n\n" + _difference(results) + "\n\n"
+             + report.floors_table(floors, "val loss (nats/char)"))
     _plots(ctx, results, curves, groups, floors)
     header = (f"Energy descent of NRGPT per token (total energy E_AT + s_ff E_FF), {len(ctx.seed_list(DEFAULT_SEEDS))} "
               "seed(s), trained with 4 steps: fraction of tokens whose energy never rises after step s. Val loss: the "
-              "fixed evaluation (whole validation split, nats/char, kept weights). " + ex.CONVERGED_NOTE)
+              "fixed evaluation (whole validation split, nats/char, kept weights). " + conv.CONVERGED_NOTE)
     footer = ("LR sweeps (seed 1, in-training estimate on the same 10 validation batches for every LR):\n\n"
-              + ex.sweep_table(sweep_list)
+              + sweep_table(sweep_list)
               + "\n\nLR sensitivity as the NRGPT paper means it: the loss cost of ÷3 and ×3 from each family's best LR "
               f"(fixed evaluation, {SWEEP_STEPS:,} steps, paired over {1 if ctx.quick else LR_COST_SEEDS} seeds, 95% "
               "t-interval):\n\n" + _cost_table(cost_rows)
               + f"\n\nThe earlier reading, on a fixed grid (sweep runs, seed 1; spread = worst − best over "
               f"{', '.join(f'{lr:g}' for lr in LRS)}):\n\n" + sensitivity)
-    return ex.write_results(ctx, table, {"rows": _jsonable(results), "lr_sweeps": sweep_list,
+    return report.write_results(ctx, table, {"rows": _jsonable(results), "lr_sweeps": sweep_list,
                                          "lr_sensitivity": sensitivity_rows, "lr_cost": cost_rows, "floors": floors},
                             header, footer)
 
@@ -184,7 +188,7 @@ def _difference(results: dict[str, Any]) -> str:
     (la, a), (lb, b) = list(results.items())[:2]
     d = paired_difference({s["seed"]: s["val_loss"] for s in a["seeds"]},
                           {s["seed"]: s["val_loss"] for s in b["seeds"]})
-    return ex.markdown_table(["comparison", "Δ val loss (paired by seed, 95% interval)"],
+    return report.markdown_table(["comparison", "Δ val loss (paired by seed, 95% interval)"],
                              [[f"{lb} − {la}", format_difference(d)]])
 
 
@@ -193,7 +197,7 @@ def _cost_table(rows: dict[str, Any]) -> str:
 
     cells = [[fam, f"{r['lrs'][1]:g}", format_difference(r["down"]), format_difference(r["up"])]
              for fam, r in rows.items()]
-    return ex.markdown_table(["family", "best LR", "cost of ÷3", "cost of ×3"], cells)
+    return report.markdown_table(["family", "best LR", "cost of ÷3", "cost of ×3"], cells)
 
 
 def _table(results: dict[str, Any]) -> str:
@@ -202,31 +206,31 @@ def _table(results: dict[str, Any]) -> str:
         seeds = r["seeds"]
         for steps in TRACE_STEPS:
             fr = [[s["trace"][steps]["monotone_from"][k] for s in seeds] for k in range(steps)]
-            rows.append([label, f"{r['lr']:g}", ex.pm([s["val_loss"] for s in seeds]),
-                         ex.converged_cell([s["convergence"] for s in seeds]), steps]
-                        + [ex.pm(f, 3) for f in (fr[0], fr[1], fr[steps // 2], fr[-1])])
-    return ex.markdown_table(["η", "LR", "val loss", "converged", "steps at inference", "monotone from step 0",
+            rows.append([label, f"{r['lr']:g}", report.pm([s["val_loss"] for s in seeds]),
+                         conv.converged_cell([s["convergence"] for s in seeds]), steps]
+                        + [report.pm(f, 3) for f in (fr[0], fr[1], fr[steps // 2], fr[-1])])
+    return report.markdown_table(["η", "LR", "val loss", "converged", "steps at inference", "monotone from step 0",
                            "from 1", "from S/2", "last step"], rows)
 
 
 def _plots(ctx: ex.Context, results: dict[str, Any], curves: dict[str, np.ndarray], groups, floors) -> None:
-    plt = ex.pyplot()
+    plt = report.pyplot()
     fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 4), squeeze=False)
     for ax, (label, e) in zip(axes.flat, curves.items()):
         for j in range(e.shape[1]):
             ax.plot(range(e.shape[0]), e[:, j], alpha=0.7, linewidth=1)
         ax.axvline(4, color="gray", linestyle=":")
         ax.set_title(f"{label}: total energy per token ({TRACE_STEPS[-1]} steps; trained 4)", fontsize=9)
-        ex.finish_axes(ax, "step", "energy")
-    ex.save_figure(ctx, fig, "energy_per_token.png")
+        report.finish_axes(ax, "step", "energy")
+    report.save_figure(ctx, fig, "energy_per_token.png")
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, r in results.items():
         m = np.mean([s["trace"][TRACE_STEPS[-1]]["monotone_from"] for s in r["seeds"]], axis=0)
         ax.plot(range(len(m)), m, "o-", label=label)
     ax.set_ylim(-0.02, 1.02)
-    ex.finish_axes(ax, f"s (monotone from step s on, {TRACE_STEPS[-1]} steps)", "fraction of tokens")
-    ex.save_figure(ctx, fig, "monotone_fraction.png")
-    ex.plot_learning_curves(ctx, groups, floors=floors, ylabel="val loss (nats/char)")
+    report.finish_axes(ax, f"s (monotone from step s on, {TRACE_STEPS[-1]} steps)", "fraction of tokens")
+    report.save_figure(ctx, fig, "monotone_fraction.png")
+    report.plot_learning_curves(ctx, groups, floors=floors, ylabel="val loss (nats/char)")
 
 
 def _jsonable(results: dict[str, Any]) -> dict[str, Any]:

@@ -26,6 +26,9 @@ from typing import Any
 import numpy as np
 
 from energyformer.experiments import common as ex
+from energyformer.experiments import convergence as conv
+from energyformer.experiments import report
+from energyformer.experiments.sweeps import half_decade, lr_sweep, sweep_table
 
 #: label -> (recipe, LR family, model overrides, default seeds)
 ARMS: dict[str, tuple[str, str, dict[str, Any], int]] = {
@@ -60,7 +63,7 @@ def config(ctx: ex.Context, recipe: str, model: dict[str, Any], lr: float, steps
 
 def escape_step(run_dir) -> int | None:
     """The first evaluation step whose val loss is below the midpoint of the first and the last."""
-    steps, vals = ex.val_curve(run_dir)
+    steps, vals = conv.val_curve(run_dir)
     if len(vals) < 2:
         return None
     mid = (vals[0] + vals[-1]) / 2
@@ -78,9 +81,10 @@ def lr_check(ctx: ex.Context, label: str, family_best: dict[str, float]) -> dict
     if SWEEP_RECIPE[family] == recipe and not model:
         return {}
     best = family_best[family]
-    lrs = (ex.half_decade(best, up=False), best, ex.half_decade(best, up=True))
+    lrs = (half_decade(best, up=False), best, half_decade(best, up=True))
     slug = run_name(label, 0)[:-3].lower()
-    return ex.lr_sweep(ctx, f"gp_{slug}", lambda lr, steps: config(ctx, recipe, model, lr, steps, 1), lrs, SWEEP_STEPS)
+    return lr_sweep(ctx, f"gp_{slug}", lambda lr, steps: config(ctx, recipe, model, lr, steps, 1), lrs,
+                           SWEEP_STEPS)
 
 
 def run(ctx: ex.Context) -> dict[str, Any]:
@@ -96,7 +100,7 @@ def run(ctx: ex.Context) -> dict[str, Any]:
     data_dir = f"{data['root']}/{data['dataset']}" if data else f"{ctx.data_root}/gp"
     settings = load_meta(data_dir)["settings"]
     test = load_gp_split(data_dir, "test")
-    sweeps = {fam: ex.lr_sweep(ctx, f"gp_{fam}", lambda lr, steps, r=recipe: config(ctx, r, {}, lr, steps, 1), LRS,
+    sweeps = {fam: lr_sweep(ctx, f"gp_{fam}", lambda lr, steps, r=recipe: config(ctx, r, {}, lr, steps, 1), LRS,
                                SWEEP_STEPS) for fam, recipe in SWEEP_RECIPE.items()}
     ex.need_runs(ctx)
     family_best = {fam: s["best_lr"] for fam, s in sweeps.items()}
@@ -120,7 +124,7 @@ def run(ctx: ex.Context) -> dict[str, Any]:
             ev = evaluate_regressor(net, test, settings)
             floor = ev
             per_seed.append({**ev, "seed": seed, "params": summary["params"], "val_mse": summary["final_eval"]["value"],
-                             "convergence": ex.convergence(where), "escape_step": escape_step(where)})
+                             "convergence": conv.convergence(where), "escape_step": escape_step(where)})
         results[label] = {"lr": lr[label], "seeds": per_seed}
     t1 = {s["seed"]: s["rmse_model"] for s in results["cem T=1"]["seeds"]}
     llama = {s["seed"]: s["rmse_model"] for s in results["llama"]["seeds"]}
@@ -128,7 +132,7 @@ def run(ctx: ex.Context) -> dict[str, Any]:
         mine = {s["seed"]: s["rmse_model"] for s in r["seeds"]}
         r["vs_t1"], r["vs_llama"] = paired_difference(t1, mine), paired_difference(llama, mine)
     table = _table(results, floor)
-    table += "\n\n" + ex.markdown_table(
+    table += "\n\n" + report.markdown_table(
         ["model", "Δ RMSE vs cem T=1 (paired, 95% interval)", "Δ RMSE vs llama"],
         [[label, "–" if label == "cem T=1" else format_difference(r["vs_t1"]),
           "–" if label == "llama" else format_difference(r["vs_llama"])] for label, r in results.items()])
@@ -137,11 +141,11 @@ def run(ctx: ex.Context) -> dict[str, Any]:
               f"noise {settings['noise']}), RMSE on {floor['n']} test sequences (all positions, per context length), "
               "and the fixed validation MSE (the whole validation split, kept weights); mean ± std over seeds "
               "(η-per-step rows: 1 seed); Δ: paired by seed (the same batches for every arm). Escape: first evaluation "
-              "below the midpoint of the first and final val loss. " + ex.CONVERGED_NOTE)
+              "below the midpoint of the first and final val loss. " + conv.CONVERGED_NOTE)
     sweep_list = list(sweeps.values()) + [c for c in checks.values() if c]
-    return ex.write_results(ctx, table, {"settings": settings, "rows": results, "lr_sweeps": sweep_list},
+    return report.write_results(ctx, table, {"settings": settings, "rows": results, "lr_sweeps": sweep_list},
                             header, "LR sweeps and per-arm checks (seed 1, final val MSE on the whole validation "
-                            "split during training):\n\n" + ex.sweep_table(sweep_list))
+                            "split during training):\n\n" + sweep_table(sweep_list))
 
 
 def _table(results: dict[str, Any], floor: dict[str, Any]) -> str:
@@ -153,29 +157,29 @@ def _table(results: dict[str, Any], floor: dict[str, Any]) -> str:
     for label, r in results.items():
         seeds = r["seeds"]
         esc = [s["escape_step"] for s in seeds if s["escape_step"] is not None]
-        rows.append([label, f"{r['lr']:g}", f"{seeds[0]['params']:,}", len(seeds), ex.pm(esc, 0),
-                     ex.converged_cell([s["convergence"] for s in seeds]), ex.pm([s["val_mse"] for s in seeds]),
-                     ex.pm([s["rmse_model"] for s in seeds])]
-                    + [ex.pm([s["model"][c] for s in seeds]) for c in picks])
+        rows.append([label, f"{r['lr']:g}", f"{seeds[0]['params']:,}", len(seeds), report.pm(esc, 0),
+                     conv.converged_cell([s["convergence"] for s in seeds]), report.pm([s["val_mse"] for s in seeds]),
+                     report.pm([s["rmse_model"] for s in seeds])]
+                    + [report.pm([s["model"][c] for s in seeds]) for c in picks])
     blank = ["–"] * 6
     rows.append(["GP posterior mean (Bayes floor)"] + blank + [f"{floor['rmse_gp_floor']:.4f}"]
                 + [f"{floor['gp_floor'][c]:.4f}" for c in picks])
     rows.append(["prior mean (0)"] + blank + [f"{floor['rmse_prior']:.4f}"]
                 + [f"{floor['prior'][c]:.4f}" for c in picks])
-    return ex.markdown_table(head, rows)
+    return report.markdown_table(head, rows)
 
 
 def _plots(ctx: ex.Context, results: dict[str, Any], floor: dict[str, Any], groups) -> None:
-    plt = ex.pyplot()
+    plt = report.pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     n = len(floor["context"])
     ctxs = np.arange(n)
     for label, r in results.items():
-        m = np.array([ex.mean_std([s["model"][c] for s in r["seeds"]])[0] for c in range(n)])
+        m = np.array([report.mean_std([s["model"][c] for s in r["seeds"]])[0] for c in range(n)])
         ax.plot(ctxs, m, label=label)
     ax.plot(ctxs, floor["gp_floor"], "k--", label="GP posterior mean (floor)")
     ax.plot(ctxs, floor["prior"], "k:", label="prior mean")
-    ex.finish_axes(ax, "context length (pairs before the query)", "RMSE")
-    ex.save_figure(ctx, fig, "rmse_vs_context.png")
-    ex.plot_learning_curves(ctx, groups, "curves.png",
+    report.finish_axes(ax, "context length (pairs before the query)", "RMSE")
+    report.save_figure(ctx, fig, "rmse_vs_context.png")
+    report.plot_learning_curves(ctx, groups, "curves.png",
                          floors={"GP posterior mean (MSE floor)": floor["rmse_gp_floor"] ** 2}, ylabel="val MSE")

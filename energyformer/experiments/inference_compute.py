@@ -42,7 +42,10 @@ import numpy as np
 import torch
 
 from energyformer.experiments import common as ex
+from energyformer.experiments import convergence as conv
 from energyformer.experiments import energy_descent as ed
+from energyformer.experiments import report
+from energyformer.experiments.sweeps import lr_sweep
 
 #: row label -> (energy_descent's family name (its LR sweep), NRGPT η arm or None for GPT_Rec_parallel)
 FAMILIES: dict[str, tuple[str, str | None]] = {
@@ -88,7 +91,7 @@ def best_lr(ctx: ex.Context, family: str) -> float:
     src = _source(ctx)
     eta = dict(FAMILIES.values())[family]
     make = _maker(src, eta)
-    return ex.lr_sweep(src, family, lambda lr, steps: make(lr, steps, 1), ed.LRS, ed.SWEEP_STEPS)["best_lr"]
+    return lr_sweep(src, family, lambda lr, steps: make(lr, steps, 1), ed.LRS, ed.SWEEP_STEPS)["best_lr"]
 
 
 def run_config(ctx: ex.Context, label: str, depth: str, seed: int) -> dict[str, Any]:
@@ -199,7 +202,7 @@ def evaluate_model(ctx: ex.Context, label: str, depth: str, where) -> dict[str, 
                    for cap in caps for name in criteria(label) for t in thresholds(ctx, name)}
     if FAMILIES[label][1] is not None:
         out["energy_loss"] = energy_loss_correlation(model, batches[:4])
-    out["convergence"] = ex.convergence(where)
+    out["convergence"] = conv.convergence(where)
     return out
 
 
@@ -232,16 +235,16 @@ def run(ctx: ex.Context) -> dict[str, Any]:
         entry["final_eval"] = (r["summary"].get("final_eval") or {}).get("value")
         results.setdefault(f"{label}, depth {depth}", {})[seed] = entry
         groups.setdefault(f"{label}, depth {depth}", []).append(r["dir"])
-    ex.plot_learning_curves(ctx, groups)
-    floors = ex.count_floors(ex.char_data(ctx), ctx)
+    report.plot_learning_curves(ctx, groups)
+    floors = report.count_floors(ex.char_data(ctx), ctx)
     table = (_steps_table(results) + "\n\n" + _exit_table(results) + "\n\n" + _targets(results)
-             + "\n\n" + _energy_table(results) + "\n\n" + ex.floors_table(floors, "val loss (nats/char)"))
+             + "\n\n" + _energy_table(results) + "\n\n" + report.floors_table(floors, "val loss (nats/char)"))
     _plot(ctx, results)
     header = (f"Inference-time compute, {len(seeds)} seed(s): loss (nats/char) on one fixed set of "
               f"{2 if ctx.quick else EVAL_BATCHES} validation batches (seed {EVAL_SEED}, the same windows for every "
               f"model, depth and criterion) against the steps at inference; adaptive exit at ≤ {REF_STEPS} steps "
-              f"(and ≤ {max_steps(ctx)} for the randomized-depth models). " + ex.CONVERGED_NOTE)
-    return ex.write_results(ctx, table, {"rows": {k: {str(s): v for s, v in d.items()} for k, d in results.items()},
+              f"(and ≤ {max_steps(ctx)} for the randomized-depth models). " + conv.CONVERGED_NOTE)
+    return report.write_results(ctx, table, {"rows": {k: {str(s): v for s, v in d.items()} for k, d in results.items()},
                                          "floors": floors}, header)
 
 
@@ -256,10 +259,10 @@ def _steps_table(results: dict[str, Any]) -> str:
     rows = []
     for key, by_seed in results.items():
         entries = list(by_seed.values())
-        rows.append([key, *[ex.pm([e["loss"][k - 1] for e in entries]) for k in shown],
-                     ex.pm([e["final_eval"] for e in entries if e["final_eval"] is not None]),
-                     ex.converged_cell([e["convergence"] for e in entries])])
-    return ex.markdown_table(["model, training depth", *[f"K={k}" for k in shown],
+        rows.append([key, *[report.pm([e["loss"][k - 1] for e in entries]) for k in shown],
+                     report.pm([e["final_eval"] for e in entries if e["final_eval"] is not None]),
+                     conv.converged_cell([e["convergence"] for e in entries])])
+    return report.markdown_table(["model, training depth", *[f"K={k}" for k in shown],
                               "fixed evaluation (whole val split, trained depth)", "converged"], rows)
 
 
@@ -273,7 +276,7 @@ def _exit_table(results: dict[str, Any]) -> str:
             loss = _mean([x["loss"] for x in e])
             rows.append([key, spec.replace("@", " ≤ "), f"{loss:.4f}", f"{loss - ref:+.4f}",
                          f"{_mean([x['mean_steps'] for x in e]):.2f}"])
-    return ex.markdown_table(["model, training depth", "exit (criterion:threshold ≤ max steps)", "loss",
+    return report.markdown_table(["model, training depth", "exit (criterion:threshold ≤ max steps)", "loss",
                               f"vs fixed K={REF_STEPS}", "mean steps per token"], rows)
 
 
@@ -311,16 +314,16 @@ def _targets(results: dict[str, Any]) -> str:
 
 
 def _energy_table(results: dict[str, Any]) -> str:
-    rows = [[key, ex.pm([e["energy_loss"]["pearson"] for e in by_seed.values()], 3),
-             ex.pm([e["energy_loss"]["spearman"] for e in by_seed.values()], 3),
+    rows = [[key, report.pm([e["energy_loss"]["pearson"] for e in by_seed.values()], 3),
+             report.pm([e["energy_loss"]["spearman"] for e in by_seed.values()], 3),
              next(iter(by_seed.values()))["energy_loss"]["tokens"]]
             for key, by_seed in results.items() if "energy_loss" in next(iter(by_seed.values()))]
     return ("Energy as uncertainty: correlation over tokens of the final total energy (K=4) with the token's loss\n\n"
-            + ex.markdown_table(["model, training depth", "Pearson", "Spearman", "tokens per seed"], rows))
+            + report.markdown_table(["model, training depth", "Pearson", "Spearman", "tokens per seed"], rows))
 
 
 def _plot(ctx: ex.Context, results: dict[str, Any]) -> None:
-    plt = ex.pyplot()
+    plt = report.pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for key, by_seed in results.items():
         entries = list(by_seed.values())
@@ -328,5 +331,5 @@ def _plot(ctx: ex.Context, results: dict[str, Any]) -> None:
         ax.plot(ks, [_mean([e["loss"][i] for e in entries]) for i in range(len(ks))],
                 "s--" if DEPTHS[entries[0]["depth"]] else "o-", label=key, markersize=3)
     ax.axvline(REF_STEPS, color="gray", linestyle=":")
-    ex.finish_axes(ax, "steps at inference (dotted: trained / mean training depth)", "val loss (nats/char)")
-    ex.save_figure(ctx, fig, "loss_vs_steps.png")
+    report.finish_axes(ax, "steps at inference (dotted: trained / mean training depth)", "val loss (nats/char)")
+    report.save_figure(ctx, fig, "loss_vs_steps.png")

@@ -26,11 +26,9 @@ from typing import Any
 
 import torch
 
-from energyformer.experiments.common import (
-    CONVERGED_NOTE,
-    Context,
-    converged_cell,
-    convergence,
+from energyformer.experiments.common import Context
+from energyformer.experiments.convergence import CONVERGED_NOTE, converged_cell, convergence
+from energyformer.experiments.report import (
     corpus_floors,
     finish_axes,
     floors_table,

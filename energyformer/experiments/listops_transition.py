@@ -30,6 +30,9 @@ from __future__ import annotations
 from typing import Any
 
 from energyformer.experiments import common as ex
+from energyformer.experiments import convergence as conv
+from energyformer.experiments import report
+from energyformer.experiments.sweeps import lr_sweep, sweep_table
 
 MODELS: dict[str, str] = {
     "GPT_Rec_parallel": "listops/gpt_rec_parallel.yaml",
@@ -86,16 +89,16 @@ def _score(ctx: ex.Context, name: str, problems, data_dir: str) -> dict[str, Any
     ev = listops_report(net, load_tokenizer(meta), problems, settings=load_meta(data_dir)["settings"],
                         single_function=10 if ctx.quick else 100)
     keep = ("accuracy", "stderr", "per_function", "end_token_rate", "answer_loss", "chance", "floor", "single_function")
-    return {**{k: ev[k] for k in keep}, "convergence": ex.convergence(where), "dir": where}
+    return {**{k: ev[k] for k in keep}, "convergence": conv.convergence(where), "dir": where}
 
 
 def _row(label: str, width: int, params: int, ev: dict[str, Any], final: float,
          accs: list[float] | None = None) -> list[Any]:
     single = " / ".join(f"{f} {r['accuracy']:.2f}" for f, r in sorted(ev["single_function"].items()))
     acc = (f"{ev['accuracy']:.3f} ± {ev['stderr']:.3f}" if not accs or len(accs) == 1
-           else f"{ex.pm(accs, 3)} ({len(accs)} seeds)")
+           else f"{report.pm(accs, 3)} ({len(accs)} seeds)")
     return [label, width, f"{params:,}", acc, f"{ev['end_token_rate']:.3f}",
-            f"{ev['answer_loss']['loss']:.4f}", f"{final:.4f}", ex.converged_cell([ev["convergence"]]), single]
+            f"{ev['answer_loss']['loss']:.4f}", f"{final:.4f}", conv.converged_cell([ev["convergence"]]), single]
 
 
 HEAD = ["model", "d_model", "params", "accuracy ± s.e.", "end-token rate", "loss after first =", "val loss",
@@ -110,7 +113,7 @@ def _floors_table(ev: dict[str, Any]) -> str:
             ["generator entropy floor, all tokens (nats/token)", f"{floor['all_tokens']:.4f}"],
             ["generator entropy floor, expression tokens (nats/token)", f"{floor['problem_tokens']:.4f}"],
             ["generator entropy floor, tokens after the first = (nats/token)", f"{floor['after_first_eq']:.4f}"]]
-    return ex.markdown_table(["floor on the same problems", "value"], rows)
+    return report.markdown_table(["floor on the same problems", "value"], rows)
 
 
 def next_to_transition(points: list[tuple[int, float]], level: float = 0.8) -> list[int]:
@@ -147,7 +150,7 @@ def run(ctx: ex.Context) -> dict[str, Any]:
     if pilot["accuracy"] >= PILOT_LEVEL:
         widths = (8, 16) if ctx.quick else WIDTHS
         check_width = 8 if ctx.quick else CHECK_WIDTH
-        checks = {label: ex.lr_sweep(ctx, label.replace(" ", "_"),
+        checks = {label: lr_sweep(ctx, label.replace(" ", "_"),
                                      lambda lr, steps, r=recipe: config(ctx, r, check_width, 1, lr, steps),
                                      CHECK_LRS, CHECK_STEPS) for label, recipe in MODELS.items()}
         ex.need_runs(ctx)
@@ -175,23 +178,23 @@ def run(ctx: ex.Context) -> dict[str, Any]:
                      "accuracy_seeds": accs, "accuracy_mean": sum(accs) / len(accs)}
             sweep.setdefault(label, []).append(entry)
             rows.append(_row(label, w, s["params"], ev, entry["final_val_loss"], accs))
-    table = ex.markdown_table(HEAD, rows) + "\n\n" + _floors_table(pilot)
+    table = report.markdown_table(HEAD, rows) + "\n\n" + _floors_table(pilot)
     if sweep:
         trans = {m: transition([(r["params"], r["accuracy_mean"]) for r in rs]) for m, rs in sweep.items()}
-        table += "\n\n" + ex.markdown_table(["model", "≥80% transition (params, mean accuracy over seeds)"],
+        table += "\n\n" + report.markdown_table(["model", "≥80% transition (params, mean accuracy over seeds)"],
                                            [[m, "not reached" if t is None else f"{t:,}"] for m, t in trans.items()])
         verdict = ("The pilot reached 80%; the width stage ran at the pilot's budget, each model at the best LR of "
                    f"its own check (width {check_width}, seed 1, {CHECK_STEPS if not ctx.quick else 20:,} steps, the "
-                   "in-training validation estimate):\n\n" + ex.sweep_table(list(checks.values())))
+                   "in-training validation estimate):\n\n" + sweep_table(list(checks.values())))
     else:
         verdict = (f"The pilot reached {pilot['accuracy']:.1%} < 80% at {PILOT_STEPS:,} steps: the width sweep is left "
                    "to the GPU profile (`energyformer experiment listops_transition --profile paper`).")
-    ex.plot_learning_curves(ctx, groups, "curves.png", ylabel="val loss (nats/token)")
+    report.plot_learning_curves(ctx, groups, "curves.png", ylabel="val loss (nats/token)")
     header = (f"ListOps held-out accuracy (greedy final answer, {len(problems)} test problems; one seed: ± its "
               f"standard error; beside each model's transition {1 + EXTRA_SEEDS} seeds: mean ± sample std over seeds), "
               f"{PILOT_STEPS:,} steps with the reference's {DECAY_HORIZON:,}-iteration decay horizon. Val loss: the "
-              "fixed evaluation (whole validation split, kept weights). " + ex.CONVERGED_NOTE)
-    return ex.write_results(ctx, table, {"pilot": pilot, "lr_checks": checks, "widths": sweep}, header, verdict)
+              "fixed evaluation (whole validation split, kept weights). " + conv.CONVERGED_NOTE)
+    return report.write_results(ctx, table, {"pilot": pilot, "lr_checks": checks, "widths": sweep}, header, verdict)
 
 
 __all__ = ["next_to_transition", "run", "transition"]

@@ -294,7 +294,8 @@ def run_profile(ctx) -> dict[str, Any]:
     """
     import os
 
-    from energyformer.experiments.common import markdown_table, train_or_resume, write_results
+    from energyformer.experiments.common import train_or_resume
+    from energyformer.experiments.report import markdown_table, write_results
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     runs = [r.for_world_size(world) if world > 1 else r for r in profile_runs(ctx.name, "paper")]

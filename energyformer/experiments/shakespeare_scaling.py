@@ -26,6 +26,9 @@ from __future__ import annotations
 from typing import Any
 
 from energyformer.experiments import common as ex
+from energyformer.experiments import convergence as conv
+from energyformer.experiments import report
+from energyformer.experiments.sweeps import lr_sweep, sweep_table
 
 WIDTHS = (64, 128, 256)
 MODELS: dict[str, str] = {
@@ -89,7 +92,7 @@ def run(ctx: ex.Context) -> dict[str, Any]:
     data, cross_dir = data_sections(ctx)
     widths = (8, 16, 24) if ctx.quick else WIDTHS
     sweep_width = 16 if ctx.quick else SWEEP_WIDTH
-    sweeps = {label: ex.lr_sweep(ctx, label.replace(" ", "_"),
+    sweeps = {label: lr_sweep(ctx, label.replace(" ", "_"),
                                  lambda lr, steps, r=recipe: config(ctx, r, sweep_width, lr, steps, 1, data), LRS,
                                  SWEEP_STEPS) for label, recipe in MODELS.items()}
     ex.need_runs(ctx)
@@ -111,15 +114,16 @@ def run(ctx: ex.Context) -> dict[str, Any]:
             {"width": width, "seed": seed, "params": s["params"], "best_val_loss": s["best_val_loss"],
              "val_same": s["final_eval"]["value"], "val_cross": cross, "train_loss": s["final_train_loss"],
              "gap": gap_growth(where, epoch_steps), "epochs": tr["max_steps"] / epoch_steps,
-             "convergence": ex.convergence(where)})
+             "convergence": conv.convergence(where)})
     for label, rs in results.items():
         for width in widths:
             got = [r for r in rs if r["width"] == width]
             rows.append([label, width, f"{got[0]['params']:,}", f"{sweeps[label]['best_lr']:g}",
-                         ex.pm([g["val_same"] for g in got]), ex.pm([g["val_cross"] for g in got]),
-                         ex.pm([g["gap"]["epoch1"] for g in got]), ex.pm([g["gap"]["final"] for g in got]),
-                         ex.pm([g["gap"]["growth"] for g in got]), ex.converged_cell([g["convergence"] for g in got])])
-    table = ex.markdown_table(["model", "d_model", "params", "LR", "val loss, same plays", "val loss, other plays",
+                         report.pm([g["val_same"] for g in got]), report.pm([g["val_cross"] for g in got]),
+                         report.pm([g["gap"]["epoch1"] for g in got]), report.pm([g["gap"]["final"] for g in got]),
+                         report.pm([g["gap"]["growth"] for g in got]),
+                         conv.converged_cell([g["convergence"] for g in got])])
+    table = report.markdown_table(["model", "d_model", "params", "LR", "val loss, same plays", "val loss, other plays",
                                "gap after epoch 1", "gap at the end", "gap growth", "converged"], rows)
     growth = {(r["seed"], r["width"]): r["gap"]["growth"] for r in results.get("GPT", [])}
     diffs = []
@@ -128,24 +132,25 @@ def run(ctx: ex.Context) -> dict[str, Any]:
             mine = {r["seed"]: r["gap"]["growth"] for r in results.get(label, []) if r["width"] == width}
             ref = {seed: g for (seed, w), g in growth.items() if w == width}
             diffs.append([f"{label} − GPT", width, format_difference(paired_difference(ref, mine))])
-    table += "\n\n" + ex.markdown_table(["gap growth", "d_model", "difference (paired by seed, 95% interval)"], diffs)
-    floors = ex.count_floors(data, ctx)
-    table += "\n\n" + ex.floors_table(floors, "val loss, same plays (nats/char)")
+    table += "\n\n" + report.markdown_table(["gap growth", "d_model", "difference (paired by seed, 95% interval)"],
+                                            diffs)
+    floors = report.count_floors(data, ctx)
+    table += "\n\n" + report.floors_table(floors, "val loss, same plays (nats/char)")
     _plots(ctx, results, groups, floors)
     header = (f"Overfitting on a {SLICE_BYTES / 1e6:.1f} MB Shakespeare-char slice (dropout 0.1, ≈ "
               f"{next(iter(results.values()))[0]['epochs']:.0f} epochs of the speech split); losses in nats per "
               "character. Val loss: the fixed evaluation (whole split, kept weights) on the held-out speeches of the "
               "same plays and on the slice's last 10% (other plays). Gap: same-play val − train loss from the training "
               "curve (the same 10 batches of each split at every evaluation); its growth after the first epoch is "
-              "overfitting, a cross-play gap present from the start is the split. " + ex.CONVERGED_NOTE)
+              "overfitting, a cross-play gap present from the start is the split. " + conv.CONVERGED_NOTE)
     sweep_list = list(sweeps.values())
-    return ex.write_results(ctx, table, {"rows": results, "lr_sweeps": sweep_list, "floors": floors}, header,
+    return report.write_results(ctx, table, {"rows": results, "lr_sweeps": sweep_list, "floors": floors}, header,
                             "LR sweeps (d_model 128, seed 1, final val loss on the same-play split):\n\n"
-                            + ex.sweep_table(sweep_list))
+                            + sweep_table(sweep_list))
 
 
 def _plots(ctx: ex.Context, results: dict[str, Any], groups, floors) -> None:
-    plt = ex.pyplot()
+    plt = report.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for label, rs in results.items():
         ps = sorted({r["params"] for r in rs})
@@ -154,6 +159,6 @@ def _plots(ctx: ex.Context, results: dict[str, Any], groups, floors) -> None:
             ax.plot(ps, [sum(v) / len(v) for v in vals], "o-", label=label)
     for ax, title in zip(axes, ("val loss, same plays (nats/char)", "growth of the same-play val − train gap")):
         ax.set_title(title, fontsize=10)
-        ex.finish_axes(ax, "parameters", logx=True)
-    ex.save_figure(ctx, fig, "scaling.png")
-    ex.plot_learning_curves(ctx, groups, "curves.png", floors=floors, ylabel="val loss (nats/char)")
+        report.finish_axes(ax, "parameters", logx=True)
+    report.save_figure(ctx, fig, "scaling.png")
+    report.plot_learning_curves(ctx, groups, "curves.png", floors=floors, ylabel="val loss (nats/char)")

@@ -58,7 +58,7 @@ def build_entry(record: str | Path, name: str, description: str, command: str,
     """
     from energyformer.data.loader import load_split
     from energyformer.eval.suite import windows_loss
-    from energyformer.experiments.common import convergence
+    from energyformer.experiments.convergence import convergence
     from energyformer.runs.checkpoint import FORMAT_VERSION, MARKER_FILE
     from energyformer.runs.rundir import load_run, read_summary
 

@@ -8,7 +8,9 @@ import pytest
 
 from energyformer.cli import main
 from energyformer.experiments import EXPERIMENTS, common, run_experiment
-from energyformer.experiments.common import Context, convergence, lr_sweep, resolve, same_config, schedule
+from energyformer.experiments.common import Context, resolve, same_config, schedule
+from energyformer.experiments.convergence import converged_cell, convergence
+from energyformer.experiments.sweeps import lr_sweep, sweep_table
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
@@ -119,15 +121,15 @@ def test_convergence_slope_and_plateau(tmp_path):
     shutil.rmtree(rising)
     c = convergence(_fake_run(tmp_path, [3.0, 2.0]))
     assert c["converged"] is None and c["verdict"] is None  # too few evaluations
-    assert common.converged_cell([c]) == "–"
+    assert converged_cell([c]) == "–"
 
 
 def test_converged_cell_counts_verdicts_and_pools_the_slope_errors():
     convs = [{"verdict": "no", "slope_per_1k": -0.02, "slope_se_per_1k": 0.003},
              {"verdict": "unclear", "slope_per_1k": -0.01, "slope_se_per_1k": 0.004},
              {"verdict": "no", "slope_per_1k": -0.03, "slope_se_per_1k": 0.0}]
-    assert common.converged_cell(convs) == "2 no, 1 unclear (-0.020 ± 0.002/1k)"  # sqrt(9+16)/3 = 1.67e-3
-    assert common.converged_cell(convs[:1]) == "no (-0.020 ± 0.003/1k)"
+    assert converged_cell(convs) == "2 no, 1 unclear (-0.020 ± 0.002/1k)"  # sqrt(9+16)/3 = 1.67e-3
+    assert converged_cell(convs[:1]) == "no (-0.020 ± 0.003/1k)"
 
 
 def test_lr_sweep_picks_lowest_and_a_diverged_run_loses(tmp_path, monkeypatch):
@@ -141,7 +143,7 @@ def test_lr_sweep_picks_lowest_and_a_diverged_run_loses(tmp_path, monkeypatch):
     assert got["steps"] == 10
     shrunk = lr_sweep(ctx, "fam", lambda lr, steps: {"lr": lr, "train": {"max_steps": 4}}, (3e-4, 1e-3, 3e-3), 10)
     assert shrunk["steps"] == 4  # the table shows what the runs trained (quick mode), not what was asked
-    assert "diverged" in common.sweep_table([got])
+    assert "diverged" in sweep_table([got])
 
 
 def _sweep_with_losses(tmp_path, monkeypatch, losses, grid):

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from energyformer.experiments import common as ex
-from energyformer.experiments import run_experiment
+from energyformer.experiments import report, run_experiment, sweeps
 from energyformer.experiments.scoring import FINAL_EVAL_FILE, final_eval, keep_weights
 
 
@@ -90,12 +90,12 @@ def _tiny_experiment(ctx):
         return ex.resolve(ctx, "shakespeare_char/llama.yaml", {"train": {**ex.schedule(ctx, steps, lr), "seed": seed}},
                           data=ex.char_data(ctx))
 
-    sweep = ex.lr_sweep(ctx, "tiny", lambda lr, steps: cfg(lr, steps, 1), (1e-3, 3e-3, 1e-2), 20, max_extend=0)
+    sweep = sweeps.lr_sweep(ctx, "tiny", lambda lr, steps: cfg(lr, steps, 1), (1e-3, 3e-3, 1e-2), 20, max_extend=0)
     ex.need_runs(ctx)
     runs = {seed: ex.train_or_resume(ctx, f"tiny_s{seed}", cfg(sweep["best_lr"], 20, seed)) for seed in (1, 2)}
     ex.need_runs(ctx)
     rows = [[seed, f"{r['final_eval']['value']:.6f}"] for seed, r in runs.items()]
-    return ex.write_results(ctx, ex.markdown_table(["seed", "val loss"], rows), {"best_lr": sweep["best_lr"]})
+    return report.write_results(ctx, report.markdown_table(["seed", "val loss"], rows), {"best_lr": sweep["best_lr"]})
 
 
 def test_rescore_and_jobs_give_the_tables_of_the_fixed_evaluation(tmp_path, capsys):
