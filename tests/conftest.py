@@ -5,7 +5,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-# the tests live in one folder per floor (tests/<floor>/test_*.py); their shared helpers stay here
+# the tests live in one folder per subpackage (tests/<subpackage>/test_*.py); their shared helpers stay here
 # (helpers.py, run_helpers.py) and their shared fixtures below
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

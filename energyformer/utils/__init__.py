@@ -1,2 +1,2 @@
-"""Helpers with no energyformer dependencies (the bottom floor): atomic file writes (``io``),
+"""Helpers with no energyformer dependencies (the bottom import level): atomic file writes (``io``),
 devices (``device``) and small name → object registries (``registry``)."""

@@ -1,6 +1,6 @@
-"""Import layering of the package: no module imports from a higher floor, no file-level cycles.
+"""Import layering of the package: no module imports from a higher level, no file-level cycles.
 
-Floors, low to high (a module may import its own floor and the floors below)::
+Levels, low to high (a module may import its own level and the levels below)::
 
     0 _validate, utils     1 energies     2 layers     3 models, data     4 tasks, runs
     5 train, eval, inspect     6 hf     7 experiments     8 commands, cli
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "energyformer"
-FLOORS = {"_validate": 0, "utils": 0, "energies": 1, "layers": 2, "models": 3, "data": 3, "tasks": 4,
+LEVELS = {"_validate": 0, "utils": 0, "energies": 1, "layers": 2, "models": 3, "data": 3, "tasks": 4,
           "runs": 4, "train": 5, "eval": 5, "inspect": 5, "hf": 6, "experiments": 7, "commands": 8,
           "cli": 8}
 TOP = 9  # energyformer/__init__.py and __main__.py
@@ -33,14 +33,14 @@ def module_files() -> dict[str, Path]:
     return out
 
 
-def floor(module: str) -> int:
+def level(module: str) -> int:
     parts = module.split(".")
     if len(parts) == 1 or parts[1] == "__main__":
         return TOP
-    if parts[1] not in FLOORS:
-        raise AssertionError(f"{module}: the package {parts[1]!r} has no floor; add it to FLOORS here "
+    if parts[1] not in LEVELS:
+        raise AssertionError(f"{module}: the package {parts[1]!r} has no level; add it to LEVELS here "
                              "and in docs/architecture.md")
-    return FLOORS[parts[1]]
+    return LEVELS[parts[1]]
 
 
 def imports(module: str, path: Path, known: set[str]) -> set[str]:
@@ -73,18 +73,18 @@ KNOWN_UPWARD: dict[str, str] = {}
 
 def upward_imports() -> list[str]:
     return sorted(f"{m} -> {t}" for m, targets in EDGES.items() for t in targets
-                  if t != "energyformer" and floor(t) > floor(m))
+                  if t != "energyformer" and level(t) > level(m))
 
 
-def test_every_package_has_a_floor():
+def test_every_package_has_a_level():
     for module in MODULES:
-        floor(module)
+        level(module)
 
 
 def test_no_upward_imports():
     found = upward_imports()
     bad = [v for v in found if v not in KNOWN_UPWARD]
-    assert not bad, "modules importing from a higher floor (see this file's docstring):\n" + "\n".join(bad)
+    assert not bad, "modules importing from a higher level (see this file's docstring):\n" + "\n".join(bad)
     known = [f"{v} ({KNOWN_UPWARD[v]})" for v in found if v in KNOWN_UPWARD]
     if known:
         pytest.xfail("known upward imports: " + "; ".join(known))
@@ -139,11 +139,11 @@ def test_the_checker_sees_violations(tmp_path, monkeypatch):
     src.write_text("def f():\n    from ..train import loop\n    import energyformer.cli\n")
     known = {"energyformer.train", "energyformer.train.loop", "energyformer.cli"}
     assert imports("energyformer.layers.bad", src, known) == known
-    assert floor("energyformer.layers.bad") < floor("energyformer.train.loop")
+    assert level("energyformer.layers.bad") < level("energyformer.train.loop")
 
 
-def documented_floors(text: str) -> dict[str, int]:
-    """The floor list of docs/architecture.md §1: ``name -> floor`` for every ``name/`` (a
+def documented_levels(text: str) -> dict[str, int]:
+    """The level list of docs/architecture.md §1: ``name -> level`` for every ``name/`` (a
     subpackage) and ``name.py`` (a top-level module) that opens a numbered line of its first block."""
     section = text.split("## 1. ", 1)[1].split("\n## ", 1)[0]
     block = section.split("```", 2)[1]
@@ -167,17 +167,17 @@ def package_parts() -> set[str]:
     return subpackages | modules
 
 
-def test_docs_floor_list_names_every_subpackage_on_its_floor():
-    docs = documented_floors((PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8"))
+def test_docs_level_list_names_every_subpackage_on_its_level():
+    docs = documented_levels((PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8"))
     missing = sorted(package_parts() - set(docs))
-    assert not missing, f"docs/architecture.md §1 does not list {missing} in its floor list"
+    assert not missing, f"docs/architecture.md §1 does not list {missing} in its level list"
     stale = sorted(set(docs) - package_parts())
     assert not stale, f"docs/architecture.md §1 lists {stale}, which the package does not have"
-    wrong = {name: (docs[name], FLOORS[name]) for name in docs if docs[name] != FLOORS[name]}
-    assert not wrong, f"docs/architecture.md §1 floors differ from FLOORS here (docs, test): {wrong}"
+    wrong = {name: (docs[name], LEVELS[name]) for name in docs if docs[name] != LEVELS[name]}
+    assert not wrong, f"docs/architecture.md §1 levels differ from LEVELS here (docs, test): {wrong}"
 
 
-def test_the_floor_list_check_sees_a_missing_subpackage():
-    text = "## 1. Floors\n\n```\n0  utils/  _validate.py   helpers\n1  energies/   math on x/y\n```\n## 2. Next\n"
-    assert documented_floors(text) == {"utils": 0, "_validate": 0, "energies": 1}
-    assert {"layers", "hf", "tasks"} <= package_parts() - set(documented_floors(text))
+def test_the_level_list_check_sees_a_missing_subpackage():
+    text = "## 1. Levels\n\n```\n0  utils/  _validate.py   helpers\n1  energies/   math on x/y\n```\n## 2. Next\n"
+    assert documented_levels(text) == {"utils": 0, "_validate": 0, "energies": 1}
+    assert {"layers", "hf", "tasks"} <= package_parts() - set(documented_levels(text))

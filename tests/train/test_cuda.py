@@ -8,7 +8,7 @@ their SDPA path; a 20-step ``train()`` on CUDA resumed for 10 whose weights load
 give the same logits within 1e-4; cached ≡ uncached greedy generation; activation checkpointing
 gives the same loss and gradients.
 
-In ``tests/train/`` because it imports the highest floor it checks (``energyformer.train``).
+In ``tests/train/`` because it imports the highest import level it checks (``energyformer.train``).
 ``benchmarks/gpu_check.py`` runs this file on the GPU machine. ``EF_CUDA_TESTS_ON_CPU=1`` runs
 every test on the CPU instead (a dry run of the code paths; the fast kernel expected there is
 PyTorch's CPU flash kernel, and the CPU keeps SDPA at every width).
