@@ -151,7 +151,7 @@ class EnergyformerForCausalLM(EnergyformerPreTrainedModel, GenerationMixin):
             return self.model(input_ids, **model_kwargs)[0]
         keep = attention_mask.bool().to(input_ids.device)
         lengths = keep.sum(dim=1)
-        logits = None
+        logits = steps = None
         for n in lengths.unique().tolist():
             if n == 0:
                 continue
@@ -163,8 +163,16 @@ class EnergyformerForCausalLM(EnergyformerPreTrainedModel, GenerationMixin):
             block = logits[rows]
             block[keep[rows]] = out.reshape(-1, out.size(-1))
             logits[rows] = block
+            used = getattr(self.model, "exit_steps", None)  # the exit's steps, scattered as the logits
+            if used is not None:
+                steps = input_ids.new_zeros(input_ids.shape) if steps is None else steps
+                part = steps[rows]
+                part[keep[rows]] = used.reshape(-1)
+                steps[rows] = part
         if logits is None:
             raise ValueError("attention_mask masks every token of every row; nothing to run")
+        if steps is not None:  # padded positions: 0 steps
+            self.model.exit_steps = steps
         return logits
 
     def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
