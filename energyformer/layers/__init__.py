@@ -11,11 +11,11 @@ from energyformer.layers.norms import NORMS, LayerNorm, RMSNorm, make_norm
 from energyformer.layers.nrgpt import NRGPTBlock
 from energyformer.layers.nrgpt_options import FF_ENERGIES, NRGPT_ATTENTIONS, FFEnergy, NRGPTAttention
 from energyformer.layers.rope import RotaryEmbedding
-from energyformer.layers.step_maps import STEP_MAPS, Preconditioner, StepMap, make_step_map, preconditioner
+from energyformer.layers.step_maps import STEP_MAPS, StepMap, make_step_map, preconditioner
 from energyformer.layers.trace import Trace, TraceRecord, tracing
 
 __all__ = ["CEMAttention", "CEMBlock", "CEMGatedMLP", "CausalSelfAttention", "GPTBlock", "LayerNorm", "MLP",
-           "LlamaAttention", "LlamaBlock", "LlamaMLP", "NRGPTBlock", "Preconditioner", "preconditioner", "RMSNorm",
+           "LlamaAttention", "LlamaBlock", "LlamaMLP", "NRGPTBlock", "preconditioner", "RMSNorm",
            "RotaryEmbedding", "make_norm", "make_step_map", "StepMap", "Interaction", "MLPTie", "NRGPTAttention",
            "FFEnergy", "INTERACTIONS", "MLP_TIES", "STEP_MAPS", "NRGPT_ATTENTIONS", "FF_ENERGIES", "NORMS",
            "Trace", "TraceRecord", "tracing"]

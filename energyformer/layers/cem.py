@@ -33,8 +33,6 @@ context (keys/values, the MLP gate) computed from the sub-block input keeps its 
 """
 from __future__ import annotations
 
-import warnings
-
 import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
@@ -106,12 +104,6 @@ class _CEMSubBlock(Traceable, nn.Module):
         if self.step_scales is None:
             return self.step_size
         return self.step_size * self.step_scales[t]
-
-    def eta(self, t: int) -> torch.Tensor:
-        """Deprecated old name of :meth:`step_size_at` (warns ``FutureWarning``)."""
-        warnings.warn("CEM sub-block .eta(t) is deprecated; use .step_size_at(t) (NRGPT's .eta is its step map)",
-                      FutureWarning, stacklevel=2)
-        return self.step_size_at(t)
 
     def _descend(self, x: torch.Tensor, grad_g: torch.Tensor, t: int) -> torch.Tensor:
         """``x − η_t P ∇`` with ``∇ = ∇_g ε`` (or ``J_Normᵀ ∇_g ε`` if ``grad_through_norm``)."""

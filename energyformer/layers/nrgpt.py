@@ -23,8 +23,6 @@ each are the generated tables of docs/architecture.md (``python -m energyformer.
 """
 from __future__ import annotations
 
-import warnings
-
 import torch
 import torch.nn as nn
 
@@ -60,7 +58,6 @@ class NRGPTBlock(Traceable, nn.Module):
         norm: a name in ``NORMS`` or ``None``/``"none"``.
         norm_eps: norm epsilon.
         dropout: attention-weight dropout and dropout on the attention force (reference code).
-        step_size: deprecated old name of ``eta_param`` (a string), kept readable.
 
     Raises:
         ValueError: any invalid option (names the value and the allowed ones), e.g.
@@ -73,13 +70,8 @@ class NRGPTBlock(Traceable, nn.Module):
     def __init__(self, d_model: int, n_heads: int, *, attention: str = "full", head_dim: int | None = None,
                  beta: float | None = None, learn_alpha: bool = True, mask: str = "strict",
                  ff: str = "ff2w", d_ff: int | None = None, eta_param: str = "full", c_init: float | None = None,
-                 eta_rank: int = 8, norm: str | None = "layernorm", norm_eps: float = 1e-5, dropout: float = 0.0,
-                 step_size: str | None = None):
+                 eta_rank: int = 8, norm: str | None = "layernorm", norm_eps: float = 1e-5, dropout: float = 0.0):
         super().__init__()
-        if step_size is not None:
-            warnings.warn("NRGPTBlock(step_size=...) is deprecated; use eta_param=... (same values)",
-                          FutureWarning, stacklevel=2)
-            eta_param = step_size
         check_int("d_model", d_model, 1)
         check_int("n_heads", n_heads, 1)
         check_divides("n_heads", n_heads, "d_model", d_model)

@@ -18,7 +18,6 @@ forms it for the structured maps.
 from __future__ import annotations
 
 import math
-import warnings
 from typing import ClassVar
 
 import torch
@@ -28,7 +27,7 @@ import torch.nn.functional as F
 from energyformer._validate import check_int
 from energyformer.utils.registry import Registry
 
-__all__ = ["STEP_MAPS", "StepMap", "preconditioner", "Preconditioner", "inv_softplus", "make_step_map"]
+__all__ = ["STEP_MAPS", "StepMap", "preconditioner", "inv_softplus", "make_step_map"]
 
 STEP_MAPS: Registry[type[StepMap]] = Registry(
     "step_map", "step maps: CEM `preconditioner` and NRGPT `eta_param`", "docs/cem.md §5")
@@ -343,9 +342,3 @@ def preconditioner(d_model: int, kind: str = "diag_lowrank", rank: int = 8, init
                                                        rank_name="preconditioner_rank")
     return make_step_map(kind, d_model, init_scale, rank=rank, option="preconditioner")
 
-
-def Preconditioner(*args, **kwargs) -> StepMap:  # noqa: N802 - the old name, kept for users
-    """Deprecated old name of :func:`preconditioner` (a function, not a class); warns ``FutureWarning``."""
-    warnings.warn("energyformer.layers.step_maps.Preconditioner is deprecated; use preconditioner(...) "
-                  "(same arguments; it is a function returning a StepMap)", FutureWarning, stacklevel=2)
-    return preconditioner(*args, **kwargs)

@@ -435,16 +435,11 @@ def test_head_dim_given_need_not_divide_and_bad_inputs_raise():
         CEMGatedMLP(D, 24, step_size=-1.0)
 
 
-def test_old_names_warn_and_agree_with_the_new_ones():
-    """`Preconditioner(...)` (a factory named like a class) and a CEM sub-block's `.eta(t)` are the
-    deprecated names of `preconditioner(...)` and `.step_size_at(t)` (NRGPT's `.eta` is its step map)."""
-    from energyformer.layers.step_maps import Preconditioner
+def test_the_removed_old_names_are_gone():
+    """0.3.0 removed the deprecated aliases `Preconditioner(...)` and a CEM sub-block's `.eta(t)`
+    (use `preconditioner(...)` and `.step_size_at(t)`; NRGPT's `.eta` is its step map)."""
+    import energyformer.layers.step_maps as step_maps
 
-    with pytest.warns(FutureWarning, match="preconditioner"):
-        old = Preconditioner(D, "diag", init_scale=0.5)
-    torch.testing.assert_close(old.matrix(), preconditioner(D, "diag", init_scale=0.5).matrix())
-    layer = CEMAttention(D, H, n_steps=2, per_step_scale=True)
-    with torch.no_grad():
-        layer.step_scales.copy_(torch.tensor([1.0, 3.0]))
-    with pytest.warns(FutureWarning, match="step_size_at"), torch.no_grad():
-        assert float(layer.eta(1)) == float(layer.step_size_at(1)) == 3.0 * float(layer.step_size)
+    assert not hasattr(step_maps, "Preconditioner")
+    assert not hasattr(CEMAttention(D, H, n_steps=2), "eta")
+

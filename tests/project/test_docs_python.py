@@ -56,24 +56,18 @@ def test_an_unknown_name_is_an_attribute_error():
 
 
 @pytest.mark.parametrize("name", ["DataConfig", "RunConfig", "TrainConfig", "load_config", "save_config", "load_run"])
-def test_run_configs_have_one_home_and_the_old_import_still_works_with_a_warning(name):
+def test_run_configs_have_one_home(name):
     import energyformer.runs as runs
     import energyformer.train as train_pkg
 
-    with pytest.warns(FutureWarning,
-                      match=f"energyformer.train.{name} is deprecated; import it from energyformer.runs"):
-        old = getattr(train_pkg, name)
-    assert old is getattr(runs, name)
-    assert name not in train_pkg.__all__
+    assert hasattr(runs, name) and not hasattr(train_pkg, name)  # the 0.2 alias was removed in 0.3.0
 
 
 def test_build_model_has_one_entry_point():
     import energyformer.models as models
     from energyformer.models.registry import build_model
 
-    with pytest.warns(FutureWarning, match="use energyformer.build_model"):
-        assert models.build_model is build_model
-    assert "build_model" not in models.__all__
+    assert not hasattr(models, "build_model") and build_model is not None  # the 0.2 alias was removed in 0.3.0
     model = energyformer.build_model({"arch": "gpt", "vocab_size": 11, "block_size": 8, "d_model": 8, "n_heads": 2})
     assert type(model).__name__ == "GPT"
 
