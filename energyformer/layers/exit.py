@@ -39,7 +39,7 @@ import torch
 
 from energyformer.utils.registry import Registry
 
-__all__ = ["EXIT_CRITERIA", "ExitCriterion", "ExitView", "ExitState", "parse_exit", "KNOWN_NEEDS"]
+__all__ = ["EXIT_CRITERIA", "ExitCriterion", "ExitView", "ExitState", "parse_exit", "KNOWN_NEEDS", "check_cache_exit"]
 
 #: what a criterion may ask the model to compute per step (beyond the two states)
 KNOWN_NEEDS = frozenset({"energy", "grad", "logits"})
@@ -258,6 +258,24 @@ class ExitState:
         """Let the criterion see the step; mark the tokens that exit. Returns whether any token is still active."""
         self.active &= ~self.criterion.fires(view)
         return bool(self.active.any())
+
+
+def check_cache_exit(cache: Any, offset: int, crit: ExitCriterion | None, **options: Any) -> None:
+    """Record in ``cache.meta`` the exit (and ``options``) a cache is filled with; refuse a reuse with
+    others (the cached states would mix two rules). A cache without ``meta`` (a ``transformers``
+    ``Cache``) is not checked.
+
+    Raises:
+        ValueError: ``offset > 0`` cached positions filled with another exit or options.
+    """
+    meta = getattr(cache, "meta", None)
+    if not isinstance(meta, dict):
+        return
+    want = {"exit": None if crit is None else crit.spec(), **options}
+    have = {k: meta.get(k) for k in want}
+    if offset and have != want:
+        raise ValueError(f"this cache was filled with {have}; got {want} (start a new cache to change them)")
+    meta.update(want)
 
 
 def readout_logits(readout: Callable[[torch.Tensor], torch.Tensor] | None, x: torch.Tensor) -> torch.Tensor:

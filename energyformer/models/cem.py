@@ -20,7 +20,8 @@ import torch
 from energyformer._validate import check_float, check_int
 from energyformer.layers.cem import CEMBlock
 from energyformer.layers.cem_options import INTERACTIONS, MLP_TIES
-from energyformer.layers.exit import parse_exit
+from energyformer.layers.exit import check_cache_exit, parse_exit
+from energyformer.layers.kv_cache import cache_length
 from energyformer.layers.monotone import DEFAULT_MAX_HALVINGS
 from energyformer.layers.step_maps import STEP_MAPS
 from energyformer.models.base import LlamaStyleLM
@@ -129,6 +130,8 @@ class CEMLlama(LlamaStyleLM):
         steps = {} if n_steps is None and backprop_steps is None else \
             {"n_steps": n_steps, "backprop_steps": backprop_steps}
         crit = parse_exit(exit)
+        if cache is not None:  # one exit per cache: later layers' keys depend on earlier layers' exits
+            check_cache_exit(cache, cache_length(cache), crit)
         if crit is not None or accept_lower_energy:
             steps.update(exit=crit, accept_lower_energy=accept_lower_energy, max_halvings=max_halvings)
         if self.exit_steps is not None:

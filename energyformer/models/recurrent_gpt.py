@@ -19,7 +19,7 @@ import torch.nn as nn
 
 from energyformer._validate import check_int
 from energyformer.layers.baseline import GPTBlock
-from energyformer.layers.exit import ExitState, ExitView, parse_exit
+from energyformer.layers.exit import ExitState, ExitView, check_cache_exit, parse_exit
 from energyformer.layers.kv_cache import cache_length
 from energyformer.layers.truncation import first_graph_step, step_grad_mode
 from energyformer.models.base import LearnedPositionLM, init_weights
@@ -90,6 +90,8 @@ class RecurrentGPT(LearnedPositionLM):
             raise ValueError(f"backprop_steps={backprop_steps} is for training; call without a cache")
         x = self.embed(idx, offset)
         crit = parse_exit(exit)
+        if cache is not None:
+            check_cache_exit(cache, offset, crit, n_steps=T)
         if self.exit_steps is not None:  # (no attribute write in the plain path: torch.compile)
             self.exit_steps = None
         if crit is not None:

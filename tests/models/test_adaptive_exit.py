@@ -350,3 +350,16 @@ def test_cem_exit_equals_the_plain_states_at_each_tokens_exit_step(sub, name):
     for b in range(2):
         for i in range(N):
             torch.testing.assert_close(got[b, i], plain[int(steps[b, i])][b, i], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["nrgpt", "gpt_rec", "cem"])
+def test_a_cache_is_used_with_one_exit(models, idx, kind):
+    model = models[kind]
+    cache = KVCache()
+    with torch.no_grad():
+        model(idx[:, :3], cache=cache, exit="rel:0.05", n_steps=4)
+        model(idx[:, 3:4], cache=cache, exit="rel:0.05", n_steps=4)  # the same: fine
+        with pytest.raises(ValueError, match="start a new cache"):
+            model(idx[:, 4:5], cache=cache, exit="rel:0.1", n_steps=4)
+        with pytest.raises(ValueError, match="start a new cache"):
+            model(idx[:, 4:5], cache=cache, n_steps=4)
