@@ -429,6 +429,38 @@ def interaction_energy(g: torch.Tensor, h_ctx: torch.Tensor, w_q: torch.Tensor |
     return (-tau * torch.logsumexp(s, dim=-1).sum(1)).to(g.dtype)
 
 
+def interaction_energy_from_context(g: torch.Tensor, ctx: InteractionContext, w_q: torch.Tensor | None,
+                                    n_heads: int, *, diag: torch.Tensor | None = None,
+                                    tau: float | None = None) -> torch.Tensor:
+    """Per-token ``ε_att`` (B, N) of the last ``N`` of ``S`` positions against a context (docs/cem.md §2, §4).
+
+    ``ctx`` from :func:`interaction_context` or a cache (docs/architecture.md §5): its keys
+    ``R_j W_K ĥ_j`` (B, H, S, d_h) (with a low-rank term) and ``ĥ`` (B, S, d) (with a diagonal),
+    its ``rope`` the tables of the ``N`` query positions; ``g`` (B, N, d). The same energy as
+    :func:`interaction_energy`, which recomputes the keys from ``ĥ`` (tested equal on the whole
+    sequence, last ``N`` rows); this one needs no ``ĥ`` of the cached positions without a diagonal,
+    so it serves cached decoding (docs/inference_compute.md §4). ``tau`` defaults to ``sqrt(d_h)``.
+
+    Raises:
+        ValueError: ``g`` not (B, N, d) with ``N ≤ S``; no ``tau`` without a low-rank term.
+    """
+    n, length = g.shape[1], ctx.length
+    if g.dim() != 3 or n > length:
+        raise ValueError(f"g must be (B, N, d) with N <= the context's {length} positions; got {tuple(g.shape)}")
+    if w_q is None and tau is None:
+        raise ValueError("tau must be given when there is no low-rank term (w_q=None)")
+    tau = math.sqrt(w_q.shape[0] // n_heads) if tau is None else float(tau)
+    s = 0.0
+    if w_q is not None:
+        s = _queries(g, w_q, n_heads, ctx) @ ctx.k.transpose(-1, -2)
+    if diag is not None:
+        dg = diag.reshape(-1, g.shape[-1])[None, :, None, :] * g[:, None]  # (B, 1 or H, N, d)
+        s = s + dg @ ctx.h[:, None].transpose(-1, -2)
+    s = s.to(_softmax_dtype(s.dtype)) / tau
+    s = s.masked_fill(~causal_mask(n, length, g.device), float("-inf"))
+    return (-tau * torch.logsumexp(s, dim=-1).sum(1)).to(g.dtype)
+
+
 # ----------------------------------------------------------------------------- attention: plain reference
 
 def _interaction_matrices(w_q, w_k, n_heads, diag, rope, n, d, dtype, device):

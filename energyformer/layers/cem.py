@@ -178,26 +178,26 @@ class _CEMSubBlock(Traceable, nn.Module):
         ``ε(g_i | ĥ)`` non-increasing over the steps. The plain loop (a criterion that never fires,
         no ``monotone``) gives exactly :meth:`_run`'s states (tested).
 
-        With a cache (``cached``) the attention energy would need the cached positions' context,
-        which the cache holds as keys/values only: the ``energy`` criterion and
-        ``accept_lower_energy`` then raise (decode with ``use_cache=False``); ``grad`` works."""
+        With a cache (``cached``) the attention energy is taken against the cached keys
+        (:meth:`~energyformer.layers.cem_options.Interaction.energy_from_context`); an interaction
+        without that method makes the ``energy`` criterion and ``accept_lower_energy`` raise there
+        (decode with ``use_cache=False``)."""
         sink = self._trace
-        has_energy = not cached and self._energy_or_none(h_hat[:, :1], h_hat[:, :1]) is not None
+        has_energy = self._energy_at(h_hat[:, -1:], h_hat[:, -1:], ctx, cached) is not None
         if monotone and not has_energy:
             raise ValueError("accept_lower_energy needs the sub-block's energy: "
-                             + ("with a cache CEM attention has no energy of the cached context (decode with "
-                                "use_cache=False)" if cached else "rope='llama' attention has none (use rope='exact' "
-                                                                  "or None)"))
+                             + ("this interaction has no energy of a cached context (decode with use_cache=False)"
+                                if cached else "rope='llama' attention has none (use rope='exact' or None)"))
         state = None
         if crit is not None:
             state = ExitState(crit, x, frozenset({"grad"} | ({"energy"} if has_energy else set())),
                               f"a CEM {self.trace_sub} sub-block (no next-token readout inside a layer"
-                              + ("; with a cache no attention energy: decode with use_cache=False)" if cached else ")"))
+                              + ("; with a cache: decode with use_cache=False)" if cached else ")"))
         needs = state.needs if state is not None else frozenset()
 
         def energy(s: torch.Tensor) -> torch.Tensor:  # for decisions and criteria only: no graph
             with torch.no_grad():
-                return self._energy_or_none(self._normalize(s), h_hat)
+                return self._energy_at(self._normalize(s), h_hat, ctx, cached)
 
         e_prev = energy(x) if ("energy" in needs or monotone) else None  # ε(x^t | ĥ): the context is fixed
         g, grad, ran = h_hat, None, 0
@@ -239,6 +239,11 @@ class _CEMSubBlock(Traceable, nn.Module):
             sink.record(ran, x, {self.trace_sub: self._energy_or_none(g, h_hat)})
         self.exit_steps = state.steps if state is not None else None
         return x
+
+    def _energy_at(self, g: torch.Tensor, h_hat: torch.Tensor, ctx, cached: bool) -> torch.Tensor | None:
+        """Per-token energy (B, N) of ``g`` for the exit and the energy-safe steps: ``ε(g | ĥ)``, or with
+        a cache the energy against the cached context (:meth:`CEMAttention._energy_at`)."""
+        return self._energy_or_none(g, h_hat)
 
     def _step(self, x: torch.Tensor, g: torch.Tensor, h_hat: torch.Tensor, ctx, t: int):
         """One descent step ``(x, g = Norm(x)) -> (x', Norm(x'))`` (the unit of activation checkpointing)."""
@@ -338,6 +343,11 @@ class CEMAttention(_CEMSubBlock):
 
     def _energy_or_none(self, g: torch.Tensor, h_hat: torch.Tensor) -> torch.Tensor | None:
         return self.interaction.energy(g, h_hat)
+
+    def _energy_at(self, g: torch.Tensor, h_hat: torch.Tensor, ctx, cached: bool) -> torch.Tensor | None:
+        if cached:  # the new tokens against every cached key (docs/inference_compute.md §4)
+            return self.interaction.energy_from_context(g, ctx)
+        return self._energy_or_none(g, h_hat)
 
     def _option_groups(self) -> dict[str, list[nn.Parameter]]:
         return self.interaction.param_groups()

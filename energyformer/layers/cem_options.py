@@ -155,6 +155,12 @@ class Interaction(nn.Module):
         """Per-token ``ε_att`` (B, N) of ``g`` given ``ĥ``, or None when the update is not a gradient."""
         raise NotImplementedError
 
+    def energy_from_context(self, g: torch.Tensor, ctx: InteractionContext) -> torch.Tensor | None:
+        """Per-token ``ε_att`` (B, N) of ``g`` (the last ``N`` positions) against ``ctx`` (from
+        :meth:`context`, cached or not), or None when the entry has none (then an energy-based exit
+        or ``accept_lower_energy`` needs ``use_cache=False``; docs/inference_compute.md §4)."""
+        return None
+
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         """Parameters by accounting group: ``projections`` (W_Q, W_K) and ``diag`` (the D+LR diagonal)."""
         w_q, w_k = self.weights()
@@ -181,6 +187,12 @@ class LowRankInteraction(Interaction):
         w_q, w_k = self.weights()
         return E.interaction_energy(g, h_hat, w_q, w_k, self.n_heads, diag=self.diag, rope=self.rope_tables(h_hat),
                                     tau=self.tau)
+
+    def energy_from_context(self, g: torch.Tensor, ctx: InteractionContext) -> torch.Tensor | None:
+        """:meth:`energy` from the context (its cached keys): the energy in cached decoding."""
+        if not self.exact_rope:
+            return None
+        return E.interaction_energy_from_context(g, ctx, self.weights()[0], self.n_heads, diag=self.diag, tau=self.tau)
 
 
 class _DiagInteraction(LowRankInteraction):
