@@ -308,13 +308,13 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
         FileNotFoundError / ValueError: missing or corrupt run files (see ``load_run``), a prompt
             with characters outside the run's vocabulary, an empty prompt, invalid sampling options.
     """
-    import inspect
     import warnings
 
     import torch
 
     from energyformer._validate import check_int
     from energyformer.data import load_tokenizer
+    from energyformer.models.registry import get_spec
     from energyformer.runs.rundir import load_run, warn_if_training
     from energyformer.utils.device import configure_backends, resolve_device
 
@@ -333,13 +333,10 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
     crit, n_steps = _exit_options(exit, max_steps, n_steps)
     forward_kwargs = {k: v for k, v in {"n_steps": n_steps, "stop_tol": stop_tol, "exit": crit,
                                         "accept_lower_energy": monotone or None}.items() if v is not None}
-    takes = set(inspect.signature(model.forward).parameters)
-    flags = {"n_steps": "n-steps", "stop_tol": "stop-tol", "exit": "exit", "accept_lower_energy": "monotone"}
-    if set(forward_kwargs) - takes:
-        raise ValueError(f"--{flags[sorted(set(forward_kwargs) - takes)[0]]} is not an option of the "
-                         f"{model.config.arch!r} model; "
-                         f"it takes {sorted('--' + flags[k] for k in takes & set(flags)) or 'none of them'}")
-    if use_cache and model.config.arch == "cem" and (monotone or (crit is not None and "energy" in crit.needs)):
+    spec = get_spec(model.config.arch)
+    spec.check_inference_options(forward_kwargs, {"n_steps": "--n-steps", "stop_tol": "--stop-tol", "exit": "--exit",
+                                                  "accept_lower_energy": "--monotone"})
+    if use_cache and not spec.cached_energy and (monotone or (crit is not None and "energy" in crit.needs)):
         print("note: CEM attention has no energy of a cached context: decoding without the cache "
               "(docs/inference_compute.md §4)", file=sys.stderr)
         use_cache = False
@@ -376,7 +373,7 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
             texts.append(cut(tokenizer.decode(row.tolist()), len(prompt_text)))
         if crit is not None and model.generated_exit_steps is not None:
             per = (" and sub-block (CEM: the counts are summed over every sub-block)"
-                   if model.config.arch == "cem" else "")
+                   if spec.exit_per_sub_block else "")
             print(_exit_summary(crit, n_steps or _trained_steps(model), model.generated_exit_steps, per),
                   file=sys.stderr)
         return texts

@@ -54,6 +54,7 @@ from tqdm.auto import tqdm
 from energyformer._validate import check_int
 from energyformer.data import load_tokenizer
 from energyformer.layers.exit import parse_exit
+from energyformer.models.registry import get_spec
 from energyformer.runs.rundir import load_run
 
 MODEL_NAME = "energyformer"
@@ -99,7 +100,8 @@ class EnergyformerLM(TemplateLM):
             terminal, ``False`` never, ``True`` always (unless lm-eval passes ``disable_tqdm``).
 
     Raises:
-        FileNotFoundError / ValueError: a missing or incomplete run, bad arguments.
+        FileNotFoundError / ValueError: a missing or incomplete run, bad arguments, an option the
+            run's model does not take (``n_steps`` for GPT: its arch's ``ArchSpec.inference_options``).
     """
 
     backend = "causal"
@@ -128,6 +130,7 @@ class EnergyformerLM(TemplateLM):
             self.forward_kwargs["exit"] = parse_exit(exit)  # an unknown name raises here, naming the known ones
         if str(accept_lower_energy).lower() in ("true", "1"):  # lm-eval passes model_args as strings
             self.forward_kwargs["accept_lower_energy"] = True
+        get_spec(self.run_config.model.arch).check_inference_options(self.forward_kwargs)
         if prefix_token_id is None:
             try:
                 prefix_token_id = self.tokenizer.encode("\n")[0]

@@ -182,7 +182,19 @@ def resolve(ctx: Context, recipe: str, *overrides: Mapping[str, Any], data: Mapp
     cfg.setdefault("train", {})["device"] = "cpu" if ctx.profile == "cpu" else "auto"
     if ctx.profile == "cpu":  # what train.dtype "auto" resolves to on the CPU, stated so records compare equal
         cfg["train"]["dtype"] = "float32"
+    reads = _train_keys(cfg.get("model", {}).get("arch"))
+    if reads is not None:  # the shared schedule's keys (eval_iters, ...) that the arch's loop does not read
+        cfg["train"] = {k: v for k, v in cfg["train"].items() if k in reads}
     return cfg
+
+
+def _train_keys(arch: Any) -> frozenset[str] | None:
+    """The ``train`` keys the loop of ``arch`` reads (``ArchSpec.train_keys``); None: every key, or an
+    arch not registered here (a plugin's: its loop checks)."""
+    from energyformer.models.registry import ARCH_SPECS
+
+    spec = ARCH_SPECS.get(arch) if isinstance(arch, str) else None
+    return None if spec is None else spec.train_keys
 
 
 def schedule(ctx: Context, max_steps: int, learning_rate: float, *, cooldown: float = 0.1, evals: int = 50,
@@ -199,8 +211,11 @@ def schedule(ctx: Context, max_steps: int, learning_rate: float, *, cooldown: fl
             "eval_iters": eval_iters, "log_interval": max(1, min(50, max_steps // evals))}
 
 
-def _comparable(d: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in d.items() if k not in RUNTIME_KEYS}
+def _comparable(d: Mapping[str, Any], arch: Any = None) -> dict[str, Any]:
+    """The train options that change what a run of ``arch`` computes: run-time options and keys its loop
+    does not read (a regressor run recorded with ``eval_iters``) left out."""
+    reads = _train_keys(arch)
+    return {k: v for k, v in d.items() if k not in RUNTIME_KEYS and (reads is None or k in reads)}
 
 
 def _same_run(run_dir: Path, cfg: Mapping[str, Any], *done_files: str) -> bool:
@@ -214,7 +229,8 @@ def _same_run(run_dir: Path, cfg: Mapping[str, Any], *done_files: str) -> bool:
         return False
     want_cfg = load_config(dict(cfg), resolve_vocab=True)
     saved, want = saved_cfg.to_dict(), want_cfg.to_dict()
-    return (saved["model"] == want["model"] and _comparable(saved["train"]) == _comparable(want["train"])
+    arch = want["model"]["arch"]
+    return (saved["model"] == want["model"] and _comparable(saved["train"], arch) == _comparable(want["train"], arch)
             and Path(saved_cfg.data.path) == Path(want_cfg.data.path))
 
 
@@ -414,7 +430,8 @@ def _set_aside_stale(ctx: Context, out: Path, cfg: Mapping[str, Any]) -> None:
         saved = None
     want = load_config(dict(cfg), resolve_vocab=True)
     if saved is not None and saved.model == want.model and \
-            _comparable(saved.to_dict()["train"]) == _comparable(want.to_dict()["train"]):
+            _comparable(saved.to_dict()["train"], want.model.arch) == _comparable(want.to_dict()["train"],
+                                                                                   want.model.arch):
         return
     stale = out.with_name(out.name + ".stale")
     if stale.exists():

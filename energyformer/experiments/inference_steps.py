@@ -38,6 +38,7 @@ from energyformer.experiments.report import (
     save_figure,
     write_results,
 )
+from energyformer.models.registry import get_spec
 
 TOLS = (0.1, 0.01, 0.001)
 #: the fixed evaluation windows: EVAL_BATCHES batches of the runs' batch size drawn with EVAL_SEED,
@@ -125,13 +126,14 @@ def run(ctx: Context) -> dict[str, Any]:
             ks = list(range(1, 2 * trained + 1))
             entry: dict[str, Any] = {"trained_steps": trained, "k": ks, "loss": [],
                                      "convergence": convergence(where)}
+            early_stops = get_spec(run_cfg.model.arch).takes("stop_tol")  # NRGPT: per-token early stopping
             for k in ks:
-                if run_cfg.model.arch == "nrgpt":
+                if early_stops:
                     entry["loss"].append(loss_of(_WithKwargs(model, n_steps=k)))
                 else:
                     with cem_steps(model, k):
                         entry["loss"].append(loss_of(model))
-            if run_cfg.model.arch == "nrgpt":
+            if early_stops:
                 entry["stop_tol"] = {}
                 for tol in TOLS:
                     wrapped = _WithKwargs(model, n_steps=2 * trained, stop_tol=tol)

@@ -99,12 +99,12 @@ def final_eval(run_dir: str | Path, force: bool = False) -> dict[str, Any]:
 
 def _evaluate(run_dir: Path) -> dict[str, Any]:
     from energyformer.data import load_tokenizer
-    from energyformer.models.registry import LANGUAGE_MODELS
+    from energyformer.models.registry import get_spec
     from energyformer.runs.rundir import load_run, read_run_config
 
     run_cfg = read_run_config(run_dir)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if run_cfg.model.arch in LANGUAGE_MODELS:
+    if get_spec(run_cfg.model.arch).language_model:
         from energyformer.eval.suite import val_loss
 
         model, run_cfg, meta = load_run(run_dir, device)

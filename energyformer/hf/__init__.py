@@ -18,10 +18,15 @@ from __future__ import annotations
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from energyformer.hf.configuration import CONFIG_CLASSES, EnergyformerConfig, config_for
-from energyformer.hf.modeling import MODEL_CLASSES, EnergyformerForCausalLM
+from energyformer.hf.modeling import MODEL_CLASSES, EnergyformerForCausalLM, model_class
+from energyformer.models.registry import LANGUAGE_MODELS
 
-for _arch, _cfg in CONFIG_CLASSES.items():
-    AutoConfig.register(_cfg.model_type, _cfg, exist_ok=True)
-    AutoModelForCausalLM.register(_cfg, MODEL_CLASSES[_arch], exist_ok=True)
+# every language model registered so far: the package's and those of plugins imported before this module
+# (a plugin imported later gets its classes, registered with the Auto classes, from ``model_class``)
+for _arch in LANGUAGE_MODELS:
+    _cls = model_class(_arch)
+    AutoConfig.register(_cls.config_class.model_type, _cls.config_class, exist_ok=True)
+    AutoModelForCausalLM.register(_cls.config_class, _cls, exist_ok=True)
 
-__all__ = ["CONFIG_CLASSES", "MODEL_CLASSES", "EnergyformerConfig", "EnergyformerForCausalLM", "config_for"]
+__all__ = ["CONFIG_CLASSES", "MODEL_CLASSES", "EnergyformerConfig", "EnergyformerForCausalLM", "config_for",
+           "model_class"]

@@ -62,7 +62,7 @@ class EnergyformerConfig(PretrainedConfig):
         self.vocab_size = c.vocab_size
         self.max_position_embeddings = c.block_size
         self.hidden_size = c.d_model
-        self.num_attention_heads = c.n_heads
+        self.num_attention_heads = getattr(c, "n_heads", 1)  # a plugin arch may have no attention
         self.num_hidden_layers = getattr(c, "n_layers", getattr(c, "n_steps", 1))
         self.tie_word_embeddings = bool(getattr(c, "tie_embeddings", False))
 
@@ -90,9 +90,27 @@ def _family(arch: str) -> type[EnergyformerConfig]:
                                                          f"``energyformer_{arch}``)."})
 
 
-#: arch name -> config class (one per language model of ``energyformer.models.registry``)
+#: arch name -> config class (one per language model of ``energyformer.models.registry``; an arch a
+#: plugin registers later gets its class from :func:`config_class`)
 CONFIG_CLASSES: dict[str, type[EnergyformerConfig]] = {arch: _family(arch) for arch in LANGUAGE_MODELS}
 globals().update({cls.__name__: cls for cls in CONFIG_CLASSES.values()})
+
+
+def config_class(arch: Any) -> type[EnergyformerConfig]:
+    """The config class of the language model ``arch``, made on first use for an arch registered after
+    this module was imported (a plugin's).
+
+    Raises:
+        ValueError: ``arch`` is not a registered language model (one line listing those that are).
+    """
+    if arch in CONFIG_CLASSES:
+        return CONFIG_CLASSES[arch]
+    known = isinstance(arch, str) and arch in LANGUAGE_MODELS
+    if not known:
+        raise ValueError(f"arch={arch!r} has no Hugging Face config; expected one of {sorted(LANGUAGE_MODELS)}")
+    cls = CONFIG_CLASSES[arch] = _family(arch)
+    globals()[cls.__name__] = cls
+    return cls
 
 
 def config_for(model_config: ModelConfig | dict[str, Any], **kwargs: Any) -> EnergyformerConfig:
@@ -102,7 +120,4 @@ def config_for(model_config: ModelConfig | dict[str, Any], **kwargs: Any) -> Ene
         ValueError: unknown arch or invalid fields.
     """
     spec = model_config.to_dict() if isinstance(model_config, ModelConfig) else dict(model_config)
-    if spec.get("arch") not in CONFIG_CLASSES:
-        raise ValueError(f"arch={spec.get('arch')!r} has no Hugging Face config; expected one of "
-                         f"{sorted(CONFIG_CLASSES)}")
-    return CONFIG_CLASSES[spec["arch"]](energyformer=spec, **kwargs)
+    return config_class(spec.get("arch"))(energyformer=spec, **kwargs)

@@ -26,6 +26,7 @@ from energyformer.models.base import CausalLM
 from energyformer.models.cem import CEMConfig
 from energyformer.models.gpt import GPTConfig
 from energyformer.models.llama import LlamaConfig as OurLlamaConfig
+from energyformer.models.registry import ARCH_SPECS, get_spec
 
 GPT2_ACTIVATIONS = {"relu": "relu", "gelu": "gelu"}  # ours -> transformers ACT2FN name (both exact)
 
@@ -35,11 +36,14 @@ def _rope(theta: float) -> dict[str, Any]:
 
 
 def llama_blockers(config: Any) -> list[str]:
-    """Why a model config cannot be written as a stock Llama (empty: it can)."""
-    if config.arch == "llama":
+    """Why a model config cannot be written as a stock Llama (empty: it can): its arch's
+    :class:`~energyformer.models.registry.ArchSpec` has another ``hf_family``, or a CEM config
+    that is not a Llama (T ≠ 1, another interaction, ...)."""
+    if get_spec(config.arch).hf_family != "llama":
+        families = " and ".join(a for a, s in ARCH_SPECS.items() if s.hf_family == "llama")
+        return [f"arch={config.arch!r} (only {families} export as a Llama)"]
+    if not isinstance(config, CEMConfig):
         return []
-    if config.arch != "cem":
-        return [f"arch={config.arch!r} (only llama and cem export as a Llama)"]
     c: CEMConfig = config
     want = {"resolved_attn_n_steps": 1, "resolved_mlp_n_steps": 1, "rope": "llama", "interaction": "lowrank",
             "preconditioner": None, "grad_through_norm": False}
@@ -58,7 +62,8 @@ def to_llama(model: CausalLM) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
     if blockers:
         raise ValueError("this model cannot be exported as a stock Llama: " + ", ".join(blockers)
                          + " (docs/cem.md §2)")
-    n_kv = c.resolved_n_kv_heads if c.arch == "llama" else c.n_heads
+    is_cem = isinstance(c, CEMConfig)
+    n_kv = c.n_heads if is_cem else c.resolved_n_kv_heads
     hf_config = LlamaConfig(
         vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.resolved_d_ff,
         num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads, num_key_value_heads=n_kv,
@@ -66,7 +71,7 @@ def to_llama(model: CausalLM) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
         tie_word_embeddings=c.tie_embeddings, attention_bias=False, mlp_bias=False, hidden_act="silu",
         use_cache=False, **_rope(c.rope_theta))
     sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    if c.arch == "llama":
+    if not is_cem:
         out = {k if k == "lm_head.weight" else f"model.{k}": v for k, v in sd.items()}
     else:
         out = {"model.embed_tokens.weight": sd["embed.weight"], "model.norm.weight": sd["norm.weight"],
@@ -99,8 +104,9 @@ def to_gpt2(model: CausalLM) -> tuple[GPT2Config, dict[str, torch.Tensor]]:
             train with ``tie_embeddings: true`` or ``bias: false`` to export).
     """
     c: GPTConfig = model.config
-    if c.arch != "gpt":
-        raise ValueError(f"arch={c.arch!r} cannot be exported as GPT-2; only arch 'gpt' can")
+    if get_spec(c.arch).hf_family != "gpt2":
+        families = " or ".join(repr(a) for a, s in ARCH_SPECS.items() if s.hf_family == "gpt2")
+        raise ValueError(f"arch={c.arch!r} cannot be exported as GPT-2; only arch {families} can")
     head_bias = getattr(model.lm_head, "bias", None)
     ln_f_bias = model.ln_f.bias.detach() if model.ln_f.bias is not None else torch.zeros(c.d_model)
     if head_bias is not None and bool(head_bias.detach().abs().max() > 0):

@@ -41,7 +41,7 @@ from energyformer.data.meta import NO_DATASET
 from energyformer.hf.configuration import EnergyformerConfig, config_for
 from energyformer.hf.convert import from_gpt2, from_llama, to_gpt2, to_llama
 from energyformer.hf.model_card import write_model_card
-from energyformer.hf.modeling import MODEL_CLASSES
+from energyformer.hf.modeling import model_class
 from energyformer.hf.remote_code import auto_map, write_remote_code
 from energyformer.hf.tokenizer import char_vocab, run_tokenizer
 from energyformer.models.registry import build_model
@@ -163,7 +163,7 @@ def export_run(run_dir: str | Path, to: str | Path, as_: str = "energyformer", p
     # real token as pad would be a special token that decode(skip_special_tokens=True) deletes: none
     tokenizer = run_tokenizer(meta, run_dir, model_max_length=c.block_size, pad=as_ == "energyformer")
     if as_ == "energyformer":
-        hf = MODEL_CLASSES[c.arch](config_for(c, imports=run_cfg.imports))
+        hf = model_class(c.arch)(config_for(c, imports=run_cfg.imports))
         hf.model.load_state_dict(model.state_dict())
     else:
         hf_config, state = (to_llama if as_ == "llama" else to_gpt2)(model)

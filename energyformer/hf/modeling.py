@@ -24,16 +24,15 @@ What the wrapper adds to the plain model:
 """
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from energyformer.hf.configuration import CONFIG_CLASSES, EnergyformerConfig, class_name
-from energyformer.models.registry import build_model
+from energyformer.hf.configuration import CONFIG_CLASSES, EnergyformerConfig, class_name, config_class
+from energyformer.models.registry import build_model, inference_options
 
 #: keyword arguments of our models' forward that ``forward`` / ``generate`` pass through
 MODEL_KWARGS = ("n_steps", "stop_tol", "exit", "accept_lower_energy")
@@ -71,7 +70,7 @@ class EnergyformerForCausalLM(EnergyformerPreTrainedModel, GenerationMixin):
             else:
                 first[id(p)] = name
         self._tied_weights_keys = tied
-        self._model_kwargs = set(inspect.signature(self.model.forward).parameters) & set(MODEL_KWARGS)
+        self._model_kwargs = set(inference_options(config.model_config().arch)) & set(MODEL_KWARGS)
         self.post_init()
 
     @classmethod
@@ -244,11 +243,28 @@ class EnergyformerForCausalLM(EnergyformerPreTrainedModel, GenerationMixin):
 def _family(arch: str) -> type[EnergyformerForCausalLM]:
     # "__init__" in the class dict: see energyformer.hf.configuration._family
     return type(f"Energyformer{class_name(arch)}ForCausalLM", (EnergyformerForCausalLM,),
-                {"config_class": CONFIG_CLASSES[arch], "__module__": __name__,
+                {"config_class": config_class(arch), "__module__": __name__,
                  "__doc__": f"The ``{arch}`` family as a Hugging Face causal LM "
                             f"(model_type ``energyformer_{arch}``)."})
 
 
-#: arch name -> causal-LM class
+#: arch name -> causal-LM class (an arch a plugin registers later gets its class from :func:`model_class`)
 MODEL_CLASSES: dict[str, type[EnergyformerForCausalLM]] = {arch: _family(arch) for arch in CONFIG_CLASSES}
 globals().update({cls.__name__: cls for cls in MODEL_CLASSES.values()})
+
+
+def model_class(arch: str) -> type[EnergyformerForCausalLM]:
+    """The causal-LM class of the language model ``arch``, made on first use for an arch registered after
+    this module was imported (a plugin's).
+
+    Raises:
+        ValueError: ``arch`` is not a registered language model.
+    """
+    cls = MODEL_CLASSES.get(arch)
+    if cls is None:
+        cfg_cls = config_class(arch)  # raises for an unknown arch
+        cls = MODEL_CLASSES[arch] = _family(arch)
+        globals()[cls.__name__] = cls
+        AutoConfig.register(cfg_cls.model_type, cfg_cls, exist_ok=True)  # from_pretrained in this process
+        AutoModelForCausalLM.register(cfg_cls, cls, exist_ok=True)
+    return cls

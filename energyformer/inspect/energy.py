@@ -27,7 +27,6 @@ tokens and their 10–90% band instead of one line per token.
 """
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,9 +34,7 @@ from typing import Any
 import torch
 
 from energyformer.layers.trace import Trace
-
-#: the inference options a model's forward may take (the error message lists those it does)
-INFERENCE_OPTIONS = ("n_steps", "stop_tol", "exit", "accept_lower_energy")
+from energyformer.models.registry import get_spec
 
 
 def _cos(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -385,10 +382,7 @@ def inspect_run(run_dir: str | Path, prompt: str, out_dir: str | Path, n_steps: 
     ids = ids[-block:]
     kwargs = {k: v for k, v in (("n_steps", n_steps), ("stop_tol", stop_tol), ("exit", exit),
                                 ("accept_lower_energy", accept_lower_energy or None)) if v is not None}
-    takes = set(inspect.signature(model.forward).parameters)
-    if set(kwargs) - takes:
-        raise ValueError(f"{'/'.join(sorted(set(kwargs) - takes))} at inference are not options of the "
-                         f"{run_cfg.model.arch!r} model; it takes {sorted(takes & set(INFERENCE_OPTIONS)) or 'none'}")
+    get_spec(run_cfg.model.arch).check_inference_options(kwargs)
     report = energy_report(model, torch.tensor([ids], device=dev), **kwargs)
     tokens = [tokenizer.decode([i]) for i in ids]
     files = plot_report(report, tokens, out_dir)

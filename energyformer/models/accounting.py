@@ -3,7 +3,8 @@
 Models are built on the ``meta`` device (no memory, no init cost) and counted from their
 actual parameters (shared tensors once), so the numbers are what training would use.
 
-For ``arch="cem"`` the per-layer counts are split into the groups each sub-block reports through
+Each arch's :class:`~energyformer.models.registry.ArchSpec` names its view (``accounting``). For
+``"vs_llama"`` (CEM) the per-layer counts are split into the groups each sub-block reports through
 its ``param_groups()`` (each option entry names its own parameters' groups): projections, the
 D+LR diagonal, the preconditioner, step sizes and the norm, next to a Llama with the same
 ``d_model``, ``n_layers``, ``n_heads``, ``head_dim``, ``d_ff``, vocabulary and embedding tie
@@ -12,8 +13,8 @@ D+LR diagonal, the preconditioner, step sizes and the norm, next to a Llama with
     Llama = 4 d·H d_h + 3 d d_ff + 2d
     CEM   = 2 d·H d_h + 2 d d_ff + 2d + [D+LR: H d or d] + [P: 2·(d + 2 d r)] + [η: 2]
 
-For ``arch="llama"`` the same split is given for Llama alone; any other registered arch gets
-totals only.
+For ``"layers"`` (Llama) the same split is given for the model alone; ``"totals"`` (any other
+arch) gives totals only.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import torch
 import torch.nn as nn
 
 from energyformer.models.config import ModelConfig
-from energyformer.models.registry import get_arch
+from energyformer.models.registry import get_arch, get_spec
 
 __all__ = ["parameter_counts", "parameter_report"]
 
@@ -81,12 +82,12 @@ def parameter_counts(cfg: ModelConfig) -> dict[str, Any]:
     """Parameter numbers for any registered arch's config, as a dict.
 
     Always: ``arch``, ``total``, ``non_embedding``, ``embedding`` (token/position tables).
-    ``cem``: ``per_layer`` = ``{"attn": {...}, "mlp": {...}, "total"}`` where each sub-block dict
+    The ``"vs_llama"`` view (CEM): ``per_layer`` = ``{"attn": {...}, "mlp": {...}, "total"}`` where each sub-block dict
     has the counts of the groups its ``param_groups()`` reports (from its option entries: e.g.
     ``projections``, ``diag`` (the interaction), ``preconditioner``, ``step_size``, ``norm``), and ``total``;
     ``baseline`` = the matching Llama's counts (same layout; None if no Llama matches);
     ``ratios`` = CEM/Llama for ``attn_projections``, ``mlp_projections``, ``layer``,
-    ``non_embedding``, ``total``. ``llama``: ``per_layer`` in the same layout.
+    ``non_embedding``, ``total``. The ``"layers"`` view (Llama): ``per_layer`` in the same layout.
 
     Raises:
         ValueError: unregistered arch.
@@ -95,7 +96,8 @@ def parameter_counts(cfg: ModelConfig) -> dict[str, Any]:
     out = _totals(model, cfg)
     out["n_layers"] = getattr(cfg, "n_layers", None)
     out["n_steps"] = getattr(cfg, "n_steps", None)
-    if cfg.arch == "cem":
+    view = get_spec(cfg.arch).accounting
+    if view == "vs_llama":
         block = model.blocks[0]
         attn, mlp = _groups(block.attn), _groups(block.mlp)
         out["per_layer"] = {"attn": attn, "mlp": mlp, "total": _count(block.parameters())}
@@ -113,7 +115,7 @@ def parameter_counts(cfg: ModelConfig) -> dict[str, Any]:
             "non_embedding": out["non_embedding"] / base["non_embedding"],
             "total": out["total"] / base["total"],
         }
-    elif cfg.arch == "llama":
+    elif view == "layers":
         out["per_layer"] = _llama_layer(model.layers[0])
     return out
 
@@ -128,7 +130,7 @@ def parameter_report(cfg: ModelConfig) -> str:
     depth = (f"n_layers={c['n_layers']}" if c["n_layers"] is not None
              else f"n_steps={c.get('n_steps')} (one shared block)")
     lines = [f"model arch={c['arch']!r}  {depth}"]
-    if c["arch"] == "cem" and c.get("baseline") is not None:
+    if c.get("baseline") is not None:
         pl, bl = c["per_layer"], c["baseline"]["per_layer"]
         lines[0] += (f"  vs Llama (d_model={cfg.d_model}, n_heads={cfg.n_heads}, "
                      f"head_dim={cfg.resolved_head_dim}, d_ff={cfg.resolved_d_ff})")

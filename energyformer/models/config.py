@@ -71,9 +71,9 @@ class ModelConfig:
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
         """Build from a dict (old key spellings upgraded), raising ``ValueError`` for unknown keys."""
         d = cls.upgrade_dict(d)
-        arch = d.pop("arch", cls.arch)
-        if arch != cls.arch:
-            raise ValueError(f"model.arch={arch!r} does not match {cls.__name__} (arch {cls.arch!r})")
+        given = d.pop("arch", cls.arch)
+        if given != cls.arch:  # a dict of another architecture
+            raise ValueError(f"model.arch={given!r} does not match {cls.__name__} (arch {cls.arch!r})")
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from energyformer.models.registry import LANGUAGE_MODELS
+from energyformer.models.registry import LANGUAGE_MODELS, get_spec
 from energyformer.runs.checkpoint import find_checkpoint, load_checkpoint_weights
 from energyformer.runs.config import RunConfig, load_config, save_config
 from energyformer.runs.layout import (  # noqa: F401
@@ -279,7 +279,7 @@ def require_language_model(run_dir: str | Path, run_cfg: RunConfig) -> None:
     refused by what it is, not by a tokenizer error further down.
     """
     arch = run_cfg.model.arch
-    if arch not in LANGUAGE_MODELS:
+    if not get_spec(arch).language_model:
         raise ValueError(f"{str(run_dir)!r} is an arch={arch!r} run, which reads continuous values, not text; "
                          f"this command works on the language models ({', '.join(LANGUAGE_MODELS)})")
 
@@ -327,7 +327,7 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu", *,
     meta = read_run_meta(run_dir, run_cfg)
     marker = find_checkpoint(run_dir)
     recorded = (marker or {}).get("data")
-    if isinstance(recorded, dict) and run_cfg.model.arch in LANGUAGE_MODELS:
+    if isinstance(recorded, dict) and get_spec(run_cfg.model.arch).language_model:
         change = identity_change(recorded, vocab_identity(meta), None, meta)
         if change:
             raise ValueError(f"the meta.json found for run {str(run_dir)!r} does not match the data it was "

@@ -40,13 +40,12 @@ the depth to evaluate at (e.g. the mean).
 """
 from __future__ import annotations
 
-import inspect
 import math
 from typing import Any
 
 import torch
 
-from energyformer.models.registry import get_arch
+from energyformer.models.registry import ARCH_SPECS, get_spec
 from energyformer.runs.config import TrainConfig
 
 __all__ = ["DepthSampler", "check_supported", "LOGNORMAL_SIGMA", "DEPTH_SEED_OFFSET", "STATE_KEY"]
@@ -77,21 +76,23 @@ def check_supported(model_cfg: Any, tc: TrainConfig) -> None:
     if tc.depth_sampler == "fixed" and tc.backprop_steps is None:
         return
     arch = model_cfg.arch
-    if "backprop_steps" not in inspect.signature(get_arch(arch)[0].forward).parameters:
-        raise ValueError(f"{_given(tc)} need a recurrent model (arch 'nrgpt', 'gpt_rec' or 'cem'); "
+    if not get_spec(arch).takes("backprop_steps"):
+        recurrent = " or ".join(repr(a) for a in ARCH_SPECS if get_spec(a).takes("backprop_steps"))
+        raise ValueError(f"{_given(tc)} need a recurrent model (arch {recurrent}); "
                          f"model.arch={arch!r} has no recurrent steps (leave train.depth_sampler 'fixed' "
                          "and train.backprop_steps null)")
-    if tc.depth_sampler == "fixed" or arch != "cem":
+    if tc.depth_sampler == "fixed":
         return
-    if model_cfg.per_step_scale:
-        raise ValueError(f"train.depth_sampler={tc.depth_sampler!r} cannot train a CEM model with "
-                         "model.per_step_scale=true (one factor per trained step); use "
+    # what a config with per-step factors or per-sub-block step counts (CEM) cannot draw
+    if getattr(model_cfg, "per_step_scale", False):
+        raise ValueError(f"train.depth_sampler={tc.depth_sampler!r} cannot train a {model_cfg.arch.upper()} model "
+                         "with model.per_step_scale=true (one factor per trained step); use "
                          "train.depth_sampler 'fixed' or model.per_step_scale false")
-    if model_cfg.resolved_attn_n_steps != model_cfg.resolved_mlp_n_steps:
-        raise ValueError(f"train.depth_sampler={tc.depth_sampler!r} draws one recursion depth for both CEM "
-                         f"sub-blocks, but model.attn_n_steps={model_cfg.resolved_attn_n_steps} and "
-                         f"model.mlp_n_steps={model_cfg.resolved_mlp_n_steps} differ; give them one value "
-                         "(model.n_steps)")
+    attn, mlp = (getattr(model_cfg, f"resolved_{k}_n_steps", None) for k in ("attn", "mlp"))
+    if attn != mlp:
+        raise ValueError(f"train.depth_sampler={tc.depth_sampler!r} draws one recursion depth for both "
+                         f"sub-blocks, but model.attn_n_steps={attn} and model.mlp_n_steps={mlp} differ; give "
+                         "them one value (model.n_steps)")
 
 
 class DepthSampler:

@@ -6,8 +6,14 @@ optimizer, schedule, run directory and summary: AdamW and warmup + decay from
 :mod:`energyformer.train.optim`, batches of ``train.batch_size`` sequences drawn from a
 ``torch.Generator`` seeded with ``train.seed``, the validation MSE on the whole validation
 split every ``eval_interval`` steps, ``metrics.jsonl``, and one checkpoint at the end
-(``energyformer.runs.checkpoint``), which ``load_run`` reads. A finished run is not repeated
-(the experiment runner checks ``summary.json``); an interrupted one starts over.
+(``energyformer.runs.checkpoint``), which ``load_run`` reads, on ``train.device`` in float32. A
+finished run is not repeated (the experiment runner checks ``summary.json``); an interrupted one
+starts over.
+
+It reads the ``TrainConfig`` keys of the regressor's
+:class:`~energyformer.models.registry.ArchSpec` (``REGRESSOR_TRAIN_KEYS``); ``energyformer.train.train``
+refuses the others (``resume``, ``parallel``, ``grad_accum_steps``, ...) when set away from their
+defaults, in one line naming them.
 
     energyformer train configs/gp/cem_t4.yaml      # energyformer.train.train sends arch=regressor runs here
 """
@@ -23,7 +29,7 @@ import torch
 
 from energyformer.data.gp import load_gp_split
 from energyformer.data.meta import load_meta
-from energyformer.models.registry import build_model
+from energyformer.models.registry import build_model, get_spec
 from energyformer.runs import checkpoint as ckpt
 from energyformer.runs import rundir
 from energyformer.runs.config import RunConfig
@@ -31,16 +37,18 @@ from energyformer.runs.rng import seed_everything
 from energyformer.train.depth import check_supported
 from energyformer.train.metrics import MetricsLogger
 from energyformer.train.optim import build_optimizer, lr_at
+from energyformer.utils.device import resolve_device
 
 
 @torch.no_grad()
 def val_mse(model: torch.nn.Module, data: np.ndarray, batch_size: int) -> float:
     """Mean squared error of ``model`` over every sequence of ``data`` (shape (S, n, x_dim + 1)), in eval mode
-    (the model is left in train mode)."""
+    (the model is left in train mode), on the model's device."""
     model.eval()
     total = 0.0
+    device = next(model.parameters()).device
     for i in range(0, len(data), batch_size):
-        xy = torch.from_numpy(data[i:i + batch_size])
+        xy = torch.from_numpy(data[i:i + batch_size]).to(device)
         total += float(model(xy, xy[..., -1])[1]) * len(xy)
     model.train()
     return total / len(data)
@@ -54,16 +62,26 @@ def train_regressor(run_cfg: RunConfig, progress: bool | None = None) -> dict[st
         ``best_val_loss``, ``final_val_loss``, ``final_train_loss``, ``tokens_per_s`` (2 tokens per
         pair), ``minutes``, ``params``, ``params_non_embedding``, ``device``, ``out_dir``.
 
+    The keys its arch does not read are refused by the caller, ``energyformer.train.train``
+    (:meth:`~energyformer.models.registry.ArchSpec.check_train_config`).
+
     Raises:
-        ValueError: the model is not a regressor, or its ``x_dim``/``block_size`` do not fit the data, or
-            ``train.depth_sampler`` / ``train.backprop_steps`` are set (no recurrent steps).
+        ValueError: the model is a language model (token ids, not continuous pairs), its
+            ``x_dim``/``block_size`` do not fit the data, ``train.depth_sampler`` /
+            ``train.backprop_steps`` are set (no recurrent steps), ``train.dtype`` is ``bfloat16``
+            (the regressor trains in float32), or ``train.device`` is not available.
         FileNotFoundError: the GP data is not prepared.
         FloatingPointError: the loss became non-finite.
     """
     tc, mc = run_cfg.train, run_cfg.model
-    if mc.arch != "regressor":
-        raise ValueError(f"train_regressor trains arch 'regressor'; got model.arch={mc.arch!r}")
+    if get_spec(mc.arch).language_model:
+        raise ValueError(f"train_regressor trains models of continuous pairs; model.arch={mc.arch!r} is a "
+                         "language model (energyformer.train.train picks its loop)")
     check_supported(mc, tc)  # no randomized depth: the regressor's forward takes no n_steps
+    if tc.dtype == "bfloat16":
+        raise ValueError("train.dtype='bfloat16': the regressor trains in float32; leave train.dtype 'auto' "
+                         "or give 'float32'")
+    device = resolve_device(tc.device)
     t_start = time.perf_counter()
     if tc.num_threads is not None:
         torch.set_num_threads(tc.num_threads)
@@ -78,7 +96,7 @@ def train_regressor(run_cfg: RunConfig, progress: bool | None = None) -> dict[st
     out_dir = Path(tc.out_dir)
     for name in ckpt.CHECKPOINT_FILES:
         (out_dir / name).unlink(missing_ok=True)
-    model = build_model(mc)
+    model = build_model(mc).to(device)
     optimizer = build_optimizer(model, tc)
     gen = torch.Generator().manual_seed(tc.seed)
     rundir.write_run_files(out_dir, run_cfg, meta)
@@ -90,7 +108,7 @@ def train_regressor(run_cfg: RunConfig, progress: bool | None = None) -> dict[st
             for group in optimizer.param_groups:
                 group["lr"] = lr
             rows = torch.randint(len(train), (tc.batch_size,), generator=gen).numpy()
-            xy = torch.from_numpy(train[rows])
+            xy = torch.from_numpy(train[rows]).to(device)
             _, loss = model(xy, xy[..., -1])
             loss.backward()
             if tc.grad_clip > 0:
@@ -115,6 +133,6 @@ def train_regressor(run_cfg: RunConfig, progress: bool | None = None) -> dict[st
                "best_val_loss": best, "final_val_loss": last_val, "final_train_loss": train_loss,
                "tokens_per_s": tc.max_steps * tc.batch_size * 2 * n_points / max(step_time, 1e-9), "mfu": None,
                "minutes": (time.perf_counter() - t_start) / 60, "params": model.num_params(),
-               "params_non_embedding": model.num_params(), "device": "cpu", "out_dir": str(out_dir)}
+               "params_non_embedding": model.num_params(), "device": str(device), "out_dir": str(out_dir)}
     rundir.write_summary(out_dir, summary)
     return summary
