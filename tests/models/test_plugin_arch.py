@@ -136,7 +136,8 @@ def test_a_plugin_arch_trains_samples_and_exports_in_process(plugin, tmp_path):
     assert read_summary(run)["steps"] == 10
     texts = sample(str(run), prompt="the", max_new_tokens=6, n_steps=3, seed=0, device="cpu")
     assert len(texts) == 1 and texts[0].startswith("the") and len(texts[0]) == 3 + 6
-    with pytest.raises(ValueError, match=r"--stop-tol is not an option of the 'toy_steps' model; it takes \['--n-steps'\]"):
+    refused = r"--stop-tol is not an option of the 'toy_steps' model; it takes \['--n-steps'\]"
+    with pytest.raises(ValueError, match=refused):
         sample(str(run), prompt="the", max_new_tokens=2, stop_tol=0.1, device="cpu")
     out = export_run(run, tmp_path / "hf")
     from transformers import AutoModelForCausalLM
