@@ -15,12 +15,13 @@ from .._validate import check_choice, check_int
 from .meta import SPLITS, load_meta, prepare_hint, token_dtype
 
 
-def load_split(data_dir: str | Path, split: str) -> np.memmap:
+def load_split(data_dir: str | Path, split: str, meta: dict | None = None) -> np.memmap:
     """Memory-map one split of a prepared dataset.
 
     Args:
         data_dir: the prepared directory (e.g. ``data/shakespeare_char``).
         split: ``"train"`` or ``"val"``.
+        meta: the directory's meta.json, already read (:func:`load_meta`); ``None``: read it here.
 
     Returns:
         read-only ``np.memmap`` of dtype ``meta["dtype"]`` (uint16 or uint32) and shape
@@ -34,7 +35,7 @@ def load_split(data_dir: str | Path, split: str) -> np.memmap:
     """
     check_choice("split", split, SPLITS)
     data_dir = Path(data_dir)
-    meta = load_meta(data_dir)
+    meta = load_meta(data_dir) if meta is None else meta
     path = data_dir / f"{split}.bin"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found; {prepare_hint(data_dir)}")

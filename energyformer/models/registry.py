@@ -359,13 +359,14 @@ def build_model(spec: ModelConfig | dict[str, Any], **overrides: Any) -> nn.Modu
 
     ``overrides`` replace model config fields, e.g. ``build_model(cfg, vocab_size=65, n_steps=6)``;
     fields the config derived from others (``d_ff``, ``head_dim``, …: :func:`given_fields`) are
-    derived again from the overridden values, as a fresh config would.
+    derived again from the overridden values, as a fresh config would. A config without
+    overrides is used as it is (it was validated when it was made; it is not validated again).
 
     Raises:
         ValueError: unknown arch or config keys, invalid values.
     """
-    if isinstance(spec, ModelConfig):
-        spec = given_fields(spec) if overrides else spec.to_dict()
+    if isinstance(spec, ModelConfig) and overrides:
+        spec = given_fields(spec)
     if isinstance(spec, dict):
         spec = config_from_dict({**spec, **overrides})
     if not isinstance(spec, ModelConfig):

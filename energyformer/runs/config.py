@@ -333,6 +333,9 @@ class RunConfig:
     (``DERIVED_TRAIN_KEYS``) unless they were given explicitly. ``imports`` are the plugin
     modules the run needs (``energyformer --import MODULE``, the recipe's ``imports:``), saved
     in its config.yaml so that a fresh process imports them before reading the model section.
+    ``data_meta`` is the data's meta.json as :func:`load_config` read it to fill in
+    ``model.vocab_size`` (``None`` when it did not), so that training reads the file once; it is
+    not part of the config (not saved, not compared).
     """
 
     model: ModelConfig
@@ -340,6 +343,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     explicit: dict[str, frozenset[str]] | None = field(default=None, compare=False, repr=False)
     imports: list[str] = field(default_factory=list)
+    data_meta: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (lists instead of tuples) in the recipe layout (``imports`` first, if any)."""
@@ -415,12 +419,16 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any], overrides: Sequenc
 
     parser = run_config_parser(cfg_cls)
     ns = parser.parse_object(raw)
+    # each section is built (and validated) once, the data first when it gives the vocabulary
+    meta, data = None, None
     if resolve_vocab and raw["model"].get("vocab_size") is None:
         data = DataConfig(**ns.data.as_dict())
-        ns.model.vocab_size = _vocab_from_meta(data.path, default_vocab_size)
-    init = parser.instantiate(ns)
+        ns.model.vocab_size, meta = _vocab_from_meta(data.path, default_vocab_size)
+    model = cfg_cls(**ns.model.as_dict())
+    data = data if data is not None else DataConfig(**ns.data.as_dict())
+    train = TrainConfig(**ns.train.as_dict())
     explicit = {section: frozenset(raw[section]) for section in SECTIONS}
-    return RunConfig(model=init.model, data=init.data, train=init.train, explicit=explicit, imports=imports)
+    return RunConfig(model=model, data=data, train=train, explicit=explicit, imports=imports, data_meta=meta)
 
 
 def _recipe_defaults(parser: RunConfigParser, raw: dict[str, Any], cfg_cls: type[ModelConfig]) -> None:
@@ -548,18 +556,20 @@ __all__ = ["DataConfig", "TrainConfig", "RunConfig", "load_config", "save_config
            "build_model_from_recipe", "type_name", "unknown_key_message"]
 
 
-def _vocab_from_meta(data_dir: Path, default: int | None) -> int:
+def _vocab_from_meta(data_dir: Path, default: int | None) -> tuple[int, dict[str, Any] | None]:
+    """``(vocab_size, the meta dict read)`` of the data in ``data_dir``; ``(default, None)`` without a
+    meta.json when a default is given."""
     from energyformer.data import load_meta
 
     try:
         meta = load_meta(data_dir)
     except FileNotFoundError:
         if default is not None:
-            return default
+            return default, None
         raise FileNotFoundError(
             f"model.vocab_size is not set and {str(data_dir / 'meta.json')!r} does not exist; prepare the "
             "data first (energyformer prepare <dataset>) or pass --model.vocab_size N") from None
-    return check_int(f"vocab_size in {data_dir / 'meta.json'}", meta["vocab_size"], 1)
+    return check_int(f"vocab_size in {data_dir / 'meta.json'}", meta["vocab_size"], 1), meta
 
 
 def _plain(obj: Any) -> Any:

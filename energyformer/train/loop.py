@@ -190,12 +190,12 @@ def _read_data(run_cfg: RunConfig, info: dist.DistInfo) -> _Data:
     if tc.resume == "auto" and ckpt.find_checkpoint(out_dir) is not None:
         preflight.require_train_state(out_dir)  # an import-hf run: say how to fine-tune it before the data is read
     data_dir = run_cfg.data.path
-    meta = load_meta(data_dir)
+    meta = run_cfg.data_meta if run_cfg.data_meta is not None else load_meta(data_dir)  # read once per run
     if int(meta["vocab_size"]) > mc.vocab_size:
         raise ValueError(f"model.vocab_size={mc.vocab_size} is smaller than the data vocabulary "
                          f"({meta['vocab_size']} in {data_dir / 'meta.json'}); drop model.vocab_size from "
                          "the config to read it from meta.json")
-    splits = {name: load_split(data_dir, name) for name in ("train", "val")}
+    splits = {name: load_split(data_dir, name, meta) for name in ("train", "val")}
     preflight.check_splits(splits, data_dir, int(meta["vocab_size"]), mc.block_size)
     preflight.check_memory(mc, info.device, info)
     if out_dir.exists() and not out_dir.is_dir():

@@ -86,7 +86,7 @@ def train_regressor(run_cfg: RunConfig, progress: bool | None = None) -> dict[st
     if tc.num_threads is not None:
         torch.set_num_threads(tc.num_threads)
     seed_everything(tc.seed)
-    meta = load_meta(run_cfg.data.path)
+    meta = run_cfg.data_meta if run_cfg.data_meta is not None else load_meta(run_cfg.data.path)  # read once
     train, val = load_gp_split(run_cfg.data.path, "train"), load_gp_split(run_cfg.data.path, "val")
     n_points, feats = train.shape[1], train.shape[2]
     if feats != mc.x_dim + 1:
