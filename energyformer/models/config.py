@@ -8,6 +8,8 @@ Each architecture's own config lives beside its model (``models/gpt.py``'s ``GPT
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import warnings
 from dataclasses import asdict, dataclass, fields
@@ -15,7 +17,21 @@ from typing import Any, ClassVar
 
 from energyformer._validate import check_choice, check_float, check_int, check_width
 
-__all__ = ["ModelConfig", "GPTShapeConfig", "LlamaShapeConfig", "default_d_ff"]
+__all__ = ["ModelConfig", "GPTShapeConfig", "LlamaShapeConfig", "default_d_ff", "INFERENCE_OPTIONS",
+           "forward_options"]
+
+#: the keyword options a model's forward may take beyond ``(inputs, targets)``: steps at inference,
+#: per-token early stopping, per-token exit, energy-safe steps (docs/inference_compute.md), and truncated
+#: back-propagation in training (``train.backprop_steps``)
+INFERENCE_OPTIONS = ("n_steps", "stop_tol", "exit", "accept_lower_energy", "backprop_steps")
+
+
+@functools.cache
+def forward_options(model_cls: type) -> tuple[str, ...]:
+    """The :data:`INFERENCE_OPTIONS` that ``model_cls.forward`` takes, read from its signature (once per
+    class). ``ArchSpec.inference_options`` (``energyformer.models.registry``) and ``generate`` ask here."""
+    takes = inspect.signature(model_cls.forward).parameters
+    return tuple(k for k in INFERENCE_OPTIONS if k in takes)
 
 
 @dataclass

@@ -13,6 +13,7 @@ import torch
 
 from energyformer._validate import check_int
 from energyformer.layers.kv_cache import cache_length
+from energyformer.models.config import INFERENCE_OPTIONS, forward_options
 from energyformer.models.sampling import check_sampling, select_next
 
 __all__ = ["GenerationMixin"]
@@ -61,8 +62,13 @@ class GenerationMixin:
         Raises:
             ValueError: negative ``max_new_tokens``, invalid sampling options (see
                 :func:`~energyformer.models.sampling.check_sampling`), bad ``idx``, ``vocab_limit``
-                outside ``[1, vocab_size]``, non-finite logits (diverged weights).
+                outside ``[1, vocab_size]``, non-finite logits (diverged weights), an inference option
+                the model's forward does not take (``stop_tol`` for CEM; :func:`forward_options`).
         """
+        refused = [k for k in INFERENCE_OPTIONS if k in forward_kwargs and k not in forward_options(type(self))]
+        if refused:
+            raise ValueError(f"{refused[0]} is not an option of the {self.config.arch!r} model's forward; it takes "
+                             f"{list(forward_options(type(self))) or 'none of them'}")
         check_int("max_new_tokens", max_new_tokens, 0)
         check_sampling(temperature, top_k, top_p, min_p, repetition_penalty)
         if vocab_limit is not None:

@@ -30,7 +30,6 @@ config object or a dict with an ``arch`` key (YAML recipes are read by :mod:`ene
 from __future__ import annotations
 
 import importlib
-import inspect
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields
 from functools import cached_property
@@ -39,16 +38,12 @@ from typing import Any
 import torch.nn as nn
 
 from energyformer.models.base import CausalLM
-from energyformer.models.config import ModelConfig
+from energyformer.models.config import INFERENCE_OPTIONS, ModelConfig, forward_options
 
 __all__ = ["ArchSpec", "ARCH_SPECS", "ARCHS", "LANGUAGE_MODELS", "INFERENCE_OPTIONS", "LM_TRAIN_LOOP",
            "register_arch", "unregister_arch", "get_spec", "get_arch", "inference_options", "config_from_dict",
            "given_fields", "build_model"]
 
-#: the keyword options a model's forward may take beyond ``(inputs, targets)``: steps at inference,
-#: per-token early stopping, per-token exit, energy-safe steps (docs/inference_compute.md), and truncated
-#: back-propagation in training (``train.backprop_steps``)
-INFERENCE_OPTIONS = ("n_steps", "stop_tol", "exit", "accept_lower_energy", "backprop_steps")
 #: the training loop of the language models (token streams), :func:`energyformer.train.loop.train`
 LM_TRAIN_LOOP = "energyformer.train.loop:train"
 ACCOUNTING_VIEWS = ("totals", "layers", "vs_llama")
@@ -130,9 +125,13 @@ class ArchSpec:
     # ------------------------------------------------------------------ inference options
     @cached_property
     def inference_options(self) -> tuple[str, ...]:
-        """The :data:`INFERENCE_OPTIONS` the model's ``forward`` takes (read from its signature once)."""
-        takes = inspect.signature(self.classes()[0].forward).parameters
-        return tuple(k for k in INFERENCE_OPTIONS if k in takes)
+        """The :data:`INFERENCE_OPTIONS` the model's ``forward`` takes (read from its signature once,
+        :func:`~energyformer.models.config.forward_options`).
+
+        Raises:
+            ValueError: the model's module cannot be loaded (:meth:`classes`).
+        """
+        return forward_options(self.classes()[0])
 
     def takes(self, option: str) -> bool:
         """Whether the model's forward takes ``option`` (one of :data:`INFERENCE_OPTIONS`)."""

@@ -193,3 +193,21 @@ def test_a_plugin_arch_trains_samples_and_exports_in_fresh_processes(tmp_path):
     r = subprocess.run([sys.executable, "-c", load_hf, str(tmp_path / "hf")], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and f"['{MODULE}']" in r.stdout and "(1, 4, " in r.stdout, r.stdout + r.stderr[-3000:]
+
+
+def test_inference_options_are_read_once_from_forward_and_every_check_uses_them():
+    from energyformer.models.config import forward_options
+
+    takes = {arch: registry.get_spec(arch).inference_options for arch in registry.ARCHS}
+    assert takes["gpt"] == takes["llama"] == takes["regressor"] == ()
+    assert takes["nrgpt"] == ("n_steps", "stop_tol", "exit", "accept_lower_energy", "backprop_steps")
+    assert "stop_tol" not in takes["cem"] and "n_steps" in takes["cem"] and "accept_lower_energy" in takes["cem"]
+    assert all(takes[a] == forward_options(registry.get_arch(a)[0]) for a in takes)
+    cem = registry.build_model({"arch": "cem", "d_model": 16, "n_heads": 2, "n_layers": 1, "block_size": 8})
+    ids = torch.zeros(1, 2, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"stop_tol is not an option of the 'cem' model's forward"):
+        cem.generate(ids, 2, stop_tol=0.1)
+    listed = r"it takes \['accept_lower_energy', 'exit', 'n_steps'\]"  # the spec's own spelling, sorted
+    with pytest.raises(ValueError, match=r"stop_tol is not an option of the 'cem' model; " + listed):
+        registry.get_spec("cem").check_inference_options(["n_steps", "stop_tol"])
+    assert cem.generate(ids, 2, n_steps=2).shape == (1, 4)
