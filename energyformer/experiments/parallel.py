@@ -119,9 +119,7 @@ def run_parallel(module: Any, ctx: Context) -> dict[str, Any]:
         except KeyboardInterrupt:
             _stop_workers()
             pool.shutdown(wait=False, cancel_futures=True)
-            ctx.say("interrupted: the runs recorded so far stay recorded; a run in progress resumes from its last "
-                    "checkpoint when the command runs again")
-            raise
+            raise  # the CLI prints the one line "interrupted"
         pool.shutdown(wait=True)
         if errors:
             raise errors[0]

@@ -44,7 +44,8 @@ def command_line(ctx: Context) -> str:
     """The command that reproduces this experiment's table."""
     seeds = "" if ctx.seeds is None else f" --seeds {ctx.seeds}"
     profile = "" if ctx.profile == "cpu" else f" --profile {ctx.profile}"
-    return f"energyformer experiment {ctx.name}{seeds}{profile}"
+    quick = " --quick" if ctx.quick else ""
+    return f"energyformer experiment {ctx.name}{quick}{seeds}{profile}"
 
 
 def write_results(ctx: Context, table: str, results: dict[str, Any], header: str = "",

@@ -78,7 +78,8 @@ def check_supported(model_cfg: Any, tc: TrainConfig) -> None:
     arch = model_cfg.arch
     if not get_spec(arch).takes("backprop_steps"):
         recurrent = " or ".join(repr(a) for a in ARCH_SPECS if get_spec(a).takes("backprop_steps"))
-        raise ValueError(f"{_given(tc)} need a recurrent model (arch {recurrent}); "
+        verb = "need" if " and " in _given(tc) else "needs"
+        raise ValueError(f"{_given(tc)} {verb} a recurrent model (arch {recurrent}); "
                          f"model.arch={arch!r} has no recurrent steps (leave train.depth_sampler 'fixed' "
                          "and train.backprop_steps null)")
     if tc.depth_sampler == "fixed":

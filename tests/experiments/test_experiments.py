@@ -23,7 +23,7 @@ def test_experiment_quick(name, tmp_path, capsys):
     assert not results_dir.exists(), "--quick never writes into the results directory"
     out = tmp_path / "work" / "quick-results" / name
     table = (out / "table.md").read_text()
-    assert table.count("|") > 10 and "Reproduce: `energyformer experiment" in table
+    assert table.count("|") > 10 and f"Reproduce: `energyformer experiment {name} --quick --seeds 1`" in table
     assert "converged" in table, "every table says whether its runs converged"
     assert "floor" in table.lower(), "every table stands beside its floors"
     results = json.loads((out / "results.json").read_text())

@@ -149,5 +149,5 @@ def test_ctrl_c_under_jobs_stops_every_worker_with_one_line(tmp_path):
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, (out, err)
-    assert "Traceback" not in out + err and "interrupted" in err
-    assert "a run in progress resumes from its last checkpoint" in out
+    assert "Traceback" not in out + err and err.strip().splitlines()[-1] == "interrupted"
+    assert "interrupted" not in out  # one line, on stderr

@@ -117,7 +117,7 @@ def test_the_sampler_state_round_trips():
 @pytest.mark.parametrize("keys", [dict(depth_sampler="uniform", depth_min=1, depth_max=2), dict(backprop_steps=1)])
 def test_models_without_recurrent_steps_are_refused_before_anything_is_written(data_dir, tmp_path, model, keys):
     out = tmp_path / "run"
-    with pytest.raises(ValueError, match=rf"need a recurrent model .*model.arch='{model['arch']}' has no "
+    with pytest.raises(ValueError, match=rf"needs? a recurrent model .*model.arch='{model['arch']}' has no "
                                          "recurrent steps"):
         train(cfg(data_dir, out, model, **keys), progress=False)
     assert not out.exists()
@@ -127,7 +127,7 @@ def test_the_regressor_is_refused(tmp_path):
     run = load_config({"model": {"arch": "regressor", "d_model": 16, "n_heads": 2, "n_layers": 1, "n_steps": 2},
                        "data": {"data_dir": str(tmp_path / "gp")},
                        "train": {"out_dir": str(tmp_path / "run"), "backprop_steps": 1}})
-    with pytest.raises(ValueError, match=r"train.backprop_steps=1 need a recurrent model .*'regressor'"):
+    with pytest.raises(ValueError, match=r"train.backprop_steps=1 needs a recurrent model .*'regressor'"):
         train(run, progress=False)
 
 
