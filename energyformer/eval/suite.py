@@ -200,7 +200,9 @@ def evaluate_run(run_dir: str | Path, tasks: str | Sequence[str] = BUILTIN_TASKS
         raise FileNotFoundError(f"run directory {str(run_dir)!r} does not exist")
     if find_checkpoint(run_dir) is None:
         raise ValueError(f"run {str(run_dir)!r} is incomplete: it holds no complete checkpoint yet")
-    report: dict[str, Any] = {"run": name or str(run_dir), "tasks": {}}
+    options = {k: v for k, v in (("n_steps", n_steps), ("exit", exit),
+                                 ("accept_lower_energy", accept_lower_energy or None)) if v is not None}
+    report: dict[str, Any] = {"run": name or str(run_dir), **({"options": options} if options else {}), "tasks": {}}
     lm = harness.EnergyformerLM(run=str(run_dir), batch_size=batch_size, device=device, n_steps=n_steps,
                                 progress=progress, exit=exit, accept_lower_energy=accept_lower_energy)
     say: Callable[[str], None] = (lambda msg: None) if progress is False else (
@@ -219,13 +221,28 @@ def evaluate_run(run_dir: str | Path, tasks: str | Sequence[str] = BUILTIN_TASKS
 
 class _WithOptions:
     """``model`` called with ``options`` (``n_steps``, ``exit``, ...) added to every forward; every other
-    attribute is the model's (``config``, ``parameters``, ...)."""
+    attribute is the model's (``config``, ``parameters``, ...). With an ``exit`` it tallies the steps each
+    token got (``model.exit_steps`` after every forward): :meth:`steps_used`."""
 
     def __init__(self, model: Any, options: dict[str, Any]):
         self.model, self.options = model, options
+        self._steps: list[Any] = []
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.model(*args, **{**self.options, **kwargs})
+        out = self.model(*args, **{**self.options, **kwargs})
+        taken = getattr(self.model, "exit_steps", None) if self.options.get("exit") is not None else None
+        if taken is not None:
+            self._steps.append(taken.detach().flatten().double().cpu())
+        return out
+
+    def steps_used(self) -> dict[str, float] | None:
+        """``{"mean", "min", "max"}`` of the steps per token over every forward so far (None without an exit)."""
+        if not self._steps:
+            return None
+        import torch
+
+        s = torch.cat(self._steps)
+        return {"mean": float(s.mean()), "min": float(s.min()), "max": float(s.max())}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.model, name)
@@ -242,8 +259,10 @@ def _run_task(name: str, lm: Any, run_dir: Path, num_fewshot: int, limit: int | 
     if name == "val_loss":
         _, run_cfg, meta = load_run(run_dir)
         model = _WithOptions(lm.model, lm.forward_kwargs) if lm.forward_kwargs else lm.model
-        return val_loss(model, run_cfg.data.path, load_tokenizer(meta), lm.batch_size,
-                        None if limit is None else limit * lm.max_length, resolve_device(device), progress)
+        res = val_loss(model, run_cfg.data.path, load_tokenizer(meta), lm.batch_size,
+                       None if limit is None else limit * lm.max_length, resolve_device(device), progress)
+        steps = model.steps_used() if isinstance(model, _WithOptions) else None
+        return {**res, "steps_per_token": steps} if steps else res
     if name == "mmlu_dev":
         vocab = set(getattr(lm.tokenizer, "chars", ())) or None
         with tempfile.TemporaryDirectory() as tmp:
@@ -276,7 +295,9 @@ def format_report(report: dict[str, Any]) -> str:
     def num(x: Any) -> str:
         return f"{x:.4f}" if isinstance(x, float) and math.isfinite(x) else str(x)
 
-    lines = [f"**{report['run']}**", "", "| task | metric | value | ± stderr | chance | n |",
+    options = ", ".join(f"{k}={v}" for k, v in report.get("options", {}).items())
+    lines = [f"**{report['run']}**" + (f" ({options})" if options else ""), "",
+             "| task | metric | value | ± stderr | chance | n |",
              "|---|---|---|---|---|---|"]
     for name, res in report["tasks"].items():
         if name == "mmlu_dev":
@@ -286,6 +307,10 @@ def format_report(report: dict[str, Any]) -> str:
         elif name == "val_loss":
             for key in ("loss", "perplexity", "bits_per_token", "bits_per_byte"):
                 lines.append(f"| val_loss | {key} | {num(res[key])} | | | {res['tokens']} tokens |")
+            if res.get("steps_per_token"):
+                st = res["steps_per_token"]
+                lines.append(f"| val_loss | steps per token (mean; min–max) | {num(st['mean'])} | | | "
+                             f"{st['min']:.0f}–{st['max']:.0f} |")
         else:
             for key, value in res.items():
                 if key.endswith("_stderr,none") or key == "alias" or not isinstance(value, (int, float)):
