@@ -24,6 +24,16 @@ ENTRIES: dict[str, tuple[str, str, str, str]] = {
         "NRGPT FF2W with η = c·diag(γ) (provable energy descent), one block run 4 steps, d_model 64, 4 heads, "
         "on character-level Shakespeare.",
         "energyformer experiment energy_descent"),
+    "cem_shakespeare_char": (
+        "cem_ablation", "cem_tied_T_1_s",
+        "Tied CEM-Llama, one descent step per sub-block (T=1): attention with K = V, O = Qᵀ and a gated MLP with a "
+        "tied down projection, 4 layers, d_model 128, on character-level Shakespeare.",
+        "energyformer experiment cem_ablation"),
+    "llama_shakespeare_char": (
+        "cem_ablation", "llama_s",
+        "The Llama baseline of the CEM comparison (RMSNorm, RoPE, SwiGLU, untied), 4 layers, d_model 128, on "
+        "character-level Shakespeare.",
+        "energyformer experiment cem_ablation"),
     "cem_t2_shakespeare_char": (
         "cem_ablation", "cem_T_2_s",
         "Tied CEM-Llama with two descent steps per sub-block (T=2), 4 layers, d_model 128, on character-level "

@@ -16,7 +16,8 @@ ENTRIES = [e["name"] for e in zoo_entries()]
 
 
 def test_the_zoo_ships_the_experiments_models():
-    assert {"nrgpt_shakespeare_char", "cem_t2_shakespeare_char"} <= set(ENTRIES)
+    assert {"nrgpt_shakespeare_char", "cem_shakespeare_char", "llama_shakespeare_char",
+            "cem_t2_shakespeare_char"} <= set(ENTRIES)
 
 
 @pytest.mark.parametrize("name", ENTRIES)
