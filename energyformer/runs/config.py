@@ -54,6 +54,8 @@ DEPTH_SAMPLER_KEYS = {"fixed": (), "poisson_lognormal": ("depth_mean", "depth_ma
 DEPTH_SAMPLERS = tuple(DEPTH_SAMPLER_KEYS)
 # TrainConfig fields whose None default is derived from another field (kept on resume unless given)
 DERIVED_TRAIN_KEYS = ("min_lr", "lr_decay_steps", "ckpt_interval", "cooldown_steps")
+#: how a run draws its depth (docs/training.md, randomized depth): a resume keeps the run's values unless given
+DEPTH_TRAIN_KEYS = ("depth_sampler", "depth_mean", "depth_min", "depth_max", "backprop_steps")
 DEFAULT_OUT_DIR = "out/run"  # when there is no recipe file to name the run after
 
 

@@ -21,7 +21,7 @@ import torch
 from energyformer.models.registry import build_model
 from energyformer.runs import checkpoint as ckpt
 from energyformer.runs import rundir, sharded
-from energyformer.runs.config import DERIVED_TRAIN_KEYS, RunConfig, TrainConfig
+from energyformer.runs.config import DEPTH_TRAIN_KEYS, DERIVED_TRAIN_KEYS, RunConfig, TrainConfig
 from energyformer.train import distributed as dist
 
 # train settings whose change on resume is not worth a word (where and how, not what)
@@ -215,9 +215,10 @@ def resolve_resumed_train(saved: TrainConfig, new: TrainConfig, explicit: frozen
     """The train config a resumed run continues with, and what changed, in words.
 
     The run's derived values (``DERIVED_TRAIN_KEYS``: ``lr_decay_steps``, ``min_lr``,
-    ``ckpt_interval``) are kept unless ``explicit`` (the keys given by the recipe or the command
-    line; ``None``: unknown, keep ``new`` as it is) names them, so raising ``max_steps`` does
-    not re-derive the learning-rate schedule.
+    ``ckpt_interval``) and its depth sampler (``DEPTH_TRAIN_KEYS``) are kept unless ``explicit``
+    (the keys given by the recipe or the command line; ``None``: unknown, keep ``new`` as it is)
+    names them, so raising ``max_steps`` neither re-derives the learning-rate schedule nor turns a
+    randomized-depth run into a fixed-depth one.
 
     Raises:
         ValueError: the kept values are invalid with the new ones (e.g. ``min_lr`` above a
@@ -225,7 +226,8 @@ def resolve_resumed_train(saved: TrainConfig, new: TrainConfig, explicit: frozen
     """
     kept = {}
     if explicit is not None:
-        kept = {k: getattr(saved, k) for k in DERIVED_TRAIN_KEYS
+        depth = () if explicit & set(DEPTH_TRAIN_KEYS) else DEPTH_TRAIN_KEYS  # the sampler's keys go together
+        kept = {k: getattr(saved, k) for k in DERIVED_TRAIN_KEYS + depth
                 if k not in explicit and getattr(saved, k) != getattr(new, k)}
     try:
         resolved = dataclasses.replace(new, **kept)

@@ -208,3 +208,19 @@ def test_resume_with_randomized_depth_is_exact(data_dir, tmp_path, model, keys):
     mb, _, _ = load_run(part)
     for (name, p), q in zip(ma.state_dict().items(), mb.state_dict().values()):
         assert torch.equal(p, q), name
+
+
+def test_a_resume_keeps_the_runs_depth_sampler_unless_given():
+    """Resuming with more steps from a recipe that does not name the sampler keeps the run's randomized depth
+    (it used to fall back to the recipe's fixed depth); a sampler given on the command line wins."""
+    from energyformer.runs.config import TrainConfig
+    from energyformer.train.preflight import resolve_resumed_train
+
+    saved = TrainConfig(max_steps=30, depth_sampler="poisson_lognormal", depth_mean=4.0, depth_max=12)
+    new = TrainConfig(max_steps=60)
+    kept, words = resolve_resumed_train(saved, new, frozenset({"max_steps"}))
+    assert (kept.depth_sampler, kept.depth_mean, kept.depth_max, kept.max_steps) == ("poisson_lognormal", 4.0, 12, 60)
+    assert "train.depth_sampler=poisson_lognormal" in words
+    given = TrainConfig(max_steps=60, depth_sampler="uniform", depth_min=2, depth_max=6)
+    kept, _ = resolve_resumed_train(saved, given, frozenset({"max_steps", "depth_sampler", "depth_min", "depth_max"}))
+    assert (kept.depth_sampler, kept.depth_min, kept.depth_max) == ("uniform", 2, 6)
