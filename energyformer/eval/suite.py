@@ -200,7 +200,8 @@ def evaluate_run(run_dir: str | Path, tasks: str | Sequence[str] = BUILTIN_TASKS
         raise FileNotFoundError(f"run directory {str(run_dir)!r} does not exist")
     if find_checkpoint(run_dir) is None:
         raise ValueError(f"run {str(run_dir)!r} is incomplete: it holds no complete checkpoint yet")
-    options = {k: v for k, v in (("n_steps", n_steps), ("exit", exit),
+    spec = exit.spec() if hasattr(exit, "spec") else exit  # a parsed criterion is recorded as its spelling
+    options = {k: v for k, v in (("n_steps", n_steps), ("exit", spec),
                                  ("accept_lower_energy", accept_lower_energy or None)) if v is not None}
     report: dict[str, Any] = {"run": name or str(run_dir), **({"options": options} if options else {}), "tasks": {}}
     lm = harness.EnergyformerLM(run=str(run_dir), batch_size=batch_size, device=device, n_steps=n_steps,

@@ -18,5 +18,10 @@ def test_eval_records_its_options_and_the_steps_used(data_dir, tmp_path):
     assert got["options"] == {"n_steps": 6, "exit": "abs:0"}
     assert got["tasks"]["val_loss"]["steps_per_token"] == {"mean": 6.0, "min": 6.0, "max": 6.0}
     assert json.loads((tmp_path / "exit.json").read_text())["options"]["exit"] == "abs:0"
+    from energyformer.layers.exit import parse_exit
+
+    parsed = evaluate_run(run, "val_loss", out=tmp_path / "parsed.json", limit=1, progress=False,
+                          exit=parse_exit("rel:0.03"), accept_lower_energy=True)  # as the CLI passes it
+    assert parsed["options"] == {"exit": "rel:0.03", "accept_lower_energy": True}
     text = format_report(got)
     assert text.splitlines()[0].endswith("(n_steps=6, exit=abs:0)") and "steps per token" in text
