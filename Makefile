@@ -38,7 +38,7 @@ run: install
 	$(VENV)/bin/energyformer train $(RECIPE) --train.out_dir $(RUN_DIR)
 	$(VENV)/bin/energyformer sample $(RUN_DIR) --prompt "ROMEO:" --max-new-tokens 300 --temperature 0.8 --top-k 40 --seed 0
 
-# the default suite in TEST_WORKERS processes (pytest-xdist): about 5.5 min on 2 cores, 9.5 min in one
+# the default suite in TEST_WORKERS processes (pytest-xdist): about 7.5 min on 2 idle cores (452 s on 2026-12-02)
 TEST_WORKERS ?= 2
 test: install-test
 	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS)
