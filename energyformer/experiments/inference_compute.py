@@ -153,21 +153,14 @@ def energy_loss_correlation(model: torch.nn.Module, batches) -> dict[str, float]
         energies.append(trace.energy("total")[-1].double().flatten())
         losses.append(torch.nn.functional.cross_entropy(logits.flatten(0, 1).double(), y.flatten(),
                                                         reduction="none"))
-    e, l_ = torch.cat(energies).numpy(), torch.cat(losses).numpy()
-    return {"pearson": _pearson(e, l_), "spearman": _pearson(_ranks(e), _ranks(l_)), "tokens": int(e.size)}
+    from energyformer.inspect.energy import energy_loss_correlation
+
+    corr = energy_loss_correlation(torch.cat(energies), torch.cat(losses))
+    return {"pearson": _nan(corr["pearson"]), "spearman": _nan(corr["spearman"]), "tokens": corr["n"]}
 
 
-def _ranks(v: np.ndarray) -> np.ndarray:
-    order = np.argsort(v, kind="stable")
-    r = np.empty(len(v))
-    r[order] = np.arange(len(v))
-    return r
-
-
-def _pearson(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a - a.mean(), b - b.mean()
-    den = math.sqrt(float((a * a).sum() * (b * b).sum()))
-    return float((a * b).sum() / den) if den > 0 else math.nan
+def _nan(value: float | None) -> float:
+    return math.nan if value is None else value
 
 
 def criteria(label: str) -> list[str]:

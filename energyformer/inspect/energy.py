@@ -119,14 +119,9 @@ def final_energy(blocks: list[dict[str, Any]]) -> torch.Tensor:
 
 def _ranks(v: torch.Tensor) -> torch.Tensor:
     """Ranks 1 … n of ``v`` ``(n,)``, ties given their mean rank (for Spearman's ρ)."""
-    order = torch.argsort(v, stable=True)
-    ranks = torch.empty_like(v, dtype=torch.float64)
-    ranks[order] = torch.arange(1, len(v) + 1, dtype=torch.float64)
-    for value in v.unique():
-        tie = v == value
-        if int(tie.sum()) > 1:
-            ranks[tie] = ranks[tie].mean()
-    return ranks
+    _, inverse, counts = torch.unique(v, sorted=True, return_inverse=True, return_counts=True)
+    ends = counts.cumsum(0).to(torch.float64)  # the last rank of each distinct value
+    return ((ends - counts + 1 + ends) / 2)[inverse]  # the mean of its first and last rank
 
 
 def _pearson(a: torch.Tensor, b: torch.Tensor) -> float | None:
