@@ -15,7 +15,9 @@ from energyformer.experiments.report import markdown_table
 def lr_sweep(ctx: Context, family: str, make_cfg: Callable[[float, int], dict[str, Any]],
              lrs: Sequence[float], steps: int, max_extend: int = 2) -> dict[str, Any]:
     """Train ``make_cfg(lr, steps)`` (seed 1) for every ``lr`` and pick the one with the lowest
-    final validation loss (a diverged run loses). When the best is the largest or the smallest LR
+    final validation loss (a diverged run loses). ``lrs`` must be fixed values, not read from another
+    sweep still training: in deferred mode (``--jobs``) this sweep's runs are queued beside the
+    pending runs of every other sweep. When the best is the largest or the smallest LR
     tried, the sweep extends by one more value in that direction (the grid's ratio), at most
     ``max_extend`` times, so the chosen LR is never at the edge of what was tried unless the
     extension stops improving.
@@ -29,7 +31,14 @@ def lr_sweep(ctx: Context, family: str, make_cfg: Callable[[float, int], dict[st
 
     def loss_at(lr: float) -> float:
         if lr not in tried:
-            s = common.train_or_resume(ctx, f"sweep_{family}_lr{lr:g}", make_cfg(lr, steps), require_weights=False)
+            # a sweep's runs have their LR fixed, so they are queued even while another sweep is
+            # still training (``waiting_for_sweep`` holds back only runs configured from a sweep's result)
+            waiting, ctx.waiting_for_sweep = ctx.waiting_for_sweep, False
+            try:
+                s = common.train_or_resume(ctx, f"sweep_{family}_lr{lr:g}", make_cfg(lr, steps),
+                                           require_weights=False)
+            finally:
+                ctx.waiting_for_sweep = waiting
             if s.get("pending"):
                 tried[lr] = math.nan
                 return math.nan

@@ -282,3 +282,18 @@ def test_listops_width_stage_trains_each_model_at_its_own_checked_lr(tmp_path, m
         for w in (8, 16):
             assert load_config(ctx.records / f"{slug}_d{w}_s1" / "config.yaml").train.learning_rate == check["best_lr"]
         assert [r["width"] for r in out["widths"][label]] == [8, 16]
+
+
+def test_a_pending_sweep_does_not_hold_back_another_sweeps_runs(tmp_path, monkeypatch):
+    """Under ``--jobs`` two independent LR sweeps queue their runs in the same round (a sweep still
+    training held back every later sweep's runs, leaving a core idle); a run configured from a
+    pending sweep's result is still held back."""
+    ctx = Context("x", work_dir=tmp_path, results_dir=tmp_path / "r", verbose=False)
+    ctx.deferred = True
+    monkeypatch.setattr(common, "same_config", lambda where, cfg: False)
+    a = lr_sweep(ctx, "a", lambda lr, steps: {"lr": lr}, (1e-3, 3e-3), 10)
+    b = lr_sweep(ctx, "b", lambda lr, steps: {"lr": lr}, (1e-3, 3e-3), 10)
+    assert a["pending"] and b["pending"] and ctx.waiting_for_sweep
+    assert sorted(ctx.pending) == ["sweep_a_lr0.001", "sweep_a_lr0.003", "sweep_b_lr0.001", "sweep_b_lr0.003"]
+    common.train_or_resume(ctx, "main_s1", {"lr": a["best_lr"]})
+    assert "main_s1" not in ctx.pending
