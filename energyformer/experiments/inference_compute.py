@@ -35,7 +35,9 @@ evaluation ≈ 5 minutes per model. ``--quick``: the docstring corpus, d_model 1
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -71,6 +73,8 @@ THRESHOLDS: dict[str, tuple[float, ...]] = {
 }
 ENERGY_CRITERIA = ("energy", "grad")
 DEFAULT_SEEDS = 2
+#: per-model evaluations, cached under the experiment's results (:func:`evaluation`)
+EVALS_DIR = "evals"
 
 
 def _source(ctx: ex.Context) -> ex.Context:
@@ -177,8 +181,41 @@ def thresholds(ctx: ex.Context, name: str) -> tuple[float, ...]:
     return THRESHOLDS[name][1:2] if ctx.quick else THRESHOLDS[name]
 
 
+def _eval_settings(ctx: ex.Context, label: str, depth: str, where) -> dict[str, Any]:
+    """What an evaluation of ``where`` depends on: the settings of :func:`evaluate_model` and the
+    sha256 of the run's weights (a cached evaluation is reused only when all of them are equal)."""
+    from energyformer.experiments.scoring import WEIGHTS_FILE, file_sha256
+
+    caps = [REF_STEPS] + ([max_steps(ctx)] if DEPTHS[depth] else [])
+    return {"label": label, "depth": depth, "max_steps": max_steps(ctx), "caps": caps,
+            "thresholds": {name: list(thresholds(ctx, name)) for name in criteria(label)},
+            "eval_seed": EVAL_SEED, "eval_batches": 2 if ctx.quick else EVAL_BATCHES, "quick": ctx.quick,
+            "weights_sha256": file_sha256(Path(where) / WEIGHTS_FILE)}
+
+
+def evaluation(ctx: ex.Context, label: str, depth: str, where) -> dict[str, Any]:
+    """:func:`evaluate_model` of one trained model, read from ``<results>/inference_compute/evals/
+    <run>.json`` when that was computed with the same settings on the same weights, else computed
+    and written there (so an interrupted or repeated table, or a second process evaluating finished
+    runs while others train, never evaluates a model twice). The convergence test is read fresh."""
+    from energyformer.utils.io import atomic_write_json
+
+    path = ctx.out / EVALS_DIR / f"{Path(where).name}.json"
+    settings = _eval_settings(ctx, label, depth, where)
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        saved = {}
+    if saved.get("settings") != settings:
+        saved = {"settings": settings, "result": evaluate_model(ctx, label, depth, where)}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, saved)
+    return {**saved["result"], "convergence": conv.convergence(where)}
+
+
 def evaluate_model(ctx: ex.Context, label: str, depth: str, where) -> dict[str, Any]:
-    """Every measurement of one trained model (module docstring, items 1–3)."""
+    """Every measurement of one trained model (module docstring, items 1–3), uncached (see
+    :func:`evaluation`)."""
     from energyformer.data import load_split
     from energyformer.runs.rundir import load_run
 
@@ -195,7 +232,6 @@ def evaluate_model(ctx: ex.Context, label: str, depth: str, where) -> dict[str, 
                    for cap in caps for name in criteria(label) for t in thresholds(ctx, name)}
     if FAMILIES[label][1] is not None:
         out["energy_loss"] = energy_loss_correlation(model, batches[:4])
-    out["convergence"] = conv.convergence(where)
     return out
 
 
@@ -224,7 +260,7 @@ def run(ctx: ex.Context) -> dict[str, Any]:
     results: dict[str, Any] = {}
     groups: dict[str, list[Any]] = {}
     for (label, depth, seed), r in runs.items():
-        entry = evaluate_model(ctx, label, depth, r["dir"])
+        entry = evaluation(ctx, label, depth, r["dir"])
         entry["final_eval"] = (r["summary"].get("final_eval") or {}).get("value")
         results.setdefault(f"{label}, depth {depth}", {})[seed] = entry
         groups.setdefault(f"{label}, depth {depth}", []).append(r["dir"])

@@ -31,7 +31,8 @@ FINAL_EVAL_FILE = "final_eval.json"
 BF16_OVER_BYTES = 4_000_000
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The sha256 (hex) of the file at ``path``, read in 1 MiB chunks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -83,7 +84,7 @@ def final_eval(run_dir: str | Path, force: bool = False) -> dict[str, Any]:
     if not weights.is_file():
         raise FileNotFoundError(f"run record {str(run_dir)!r} keeps no {WEIGHTS_FILE}: it cannot be scored; "
                                 "train it again (energyformer experiment NAME retrains runs without weights)")
-    sha = _sha256(weights)
+    sha = file_sha256(weights)
     path = run_dir / FINAL_EVAL_FILE
     if path.is_file() and not force:
         try:
@@ -118,4 +119,4 @@ def _evaluate(run_dir: Path) -> dict[str, Any]:
     return {"metric": "val_mse", "value": float(val_mse(model, val, 256)), "tokens": int(len(val))}
 
 
-__all__ = ["BF16_OVER_BYTES", "FINAL_EVAL_FILE", "WEIGHTS_FILE", "final_eval", "keep_weights"]
+__all__ = ["BF16_OVER_BYTES", "FINAL_EVAL_FILE", "WEIGHTS_FILE", "file_sha256", "final_eval", "keep_weights"]

@@ -297,3 +297,27 @@ def test_a_pending_sweep_does_not_hold_back_another_sweeps_runs(tmp_path, monkey
     assert sorted(ctx.pending) == ["sweep_a_lr0.001", "sweep_a_lr0.003", "sweep_b_lr0.001", "sweep_b_lr0.003"]
     common.train_or_resume(ctx, "main_s1", {"lr": a["best_lr"]})
     assert "main_s1" not in ctx.pending
+
+
+def test_inference_compute_evaluation_is_cached_per_run_and_weights(tmp_path, monkeypatch):
+    """A model's evaluation is computed once and read back; new weights (or other settings) compute it
+    again; the convergence test is always read fresh."""
+    from energyformer.experiments import inference_compute as ic
+    from energyformer.experiments.scoring import WEIGHTS_FILE
+
+    ctx = Context("inference_compute", work_dir=tmp_path / "w", results_dir=tmp_path / "r", verbose=False)
+    run = tmp_path / "runs" / "nrgpt_full_random_s1"
+    run.mkdir(parents=True)
+    (run / WEIGHTS_FILE).write_bytes(b"weights 1")
+    calls = []
+    monkeypatch.setattr(ic, "evaluate_model",
+                        lambda ctx, label, depth, where: calls.append(1) or {"loss": [len(calls)]})
+    monkeypatch.setattr(ic.conv, "convergence", lambda where: {"verdict": "fresh"})
+    label, depth = "NRGPT free η", "random (mean 4)"
+    first = ic.evaluation(ctx, label, depth, run)
+    assert first == {"loss": [1], "convergence": {"verdict": "fresh"}} and len(calls) == 1
+    assert (ctx.out / ic.EVALS_DIR / f"{run.name}.json").is_file()
+    assert ic.evaluation(ctx, label, depth, run)["loss"] == [1] and len(calls) == 1  # read back
+    (run / WEIGHTS_FILE).write_bytes(b"weights 2")  # same size, other bytes: the sha256 tells
+    assert ic.evaluation(ctx, label, depth, run)["loss"] == [2] and len(calls) == 2
+    assert ic.evaluation(ctx, label, "fixed 4", run)["loss"] == [3]  # other settings (no cap at 16)
