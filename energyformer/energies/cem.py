@@ -41,6 +41,7 @@ from energyformer.energies.heads import (
     apply_rope,
     attention_path,
     causal_mask,
+    causal_row_blocks,
     compute_dtype,
     forced_attention_path,
     merge_heads,
@@ -230,24 +231,37 @@ def diag_shared_grad_sdpa(g: torch.Tensor, ctx: InteractionContext, w_q: torch.T
 
 def diag_shared_grad_dense(g: torch.Tensor, ctx: InteractionContext, w_q: torch.Tensor, diag: torch.Tensor,
                            n_heads: int, tau: float) -> torch.Tensor:
-    """:func:`diag_shared_grad` with the (B, H, N, S) scores materialized (the CPU path, and the
-    CUDA path of augmented heads too wide for the fused kernels).
+    """:func:`diag_shared_grad` with the scores materialized (the CPU path, and the CUDA path of
+    augmented heads too wide for the fused kernels), one causal block of query rows at a time
+    (:func:`energyformer.energies.heads.causal_row_blocks`: a block's scores stop at its last
+    row's keys, so the masked upper triangle is mostly never computed).
 
     The diagonal score is head-independent and its update linear in the weights, so
     ``Σ_k d ⊙ Σ_j a^k_ij ĥ_j = d ⊙ Σ_j (Σ_k a^k_ij) ĥ_j``. Every per-element pass over the
-    (B, H, N, S) scores costs as much as a small GEMM on CPU, so the scale goes on q and g and the
-    causal −∞ into the head-independent (B, N, S) diagonal scores: one add, then softmax. The
+    (B, H, n, S) scores costs as much as a small GEMM on CPU, so the scale goes on q and g and the
+    causal −∞ into the head-independent (B, n, S) diagonal scores: one add, then softmax. The
     scores are held in the compute dtype (bf16 under autocast; the softmax accumulates in float32).
     """
     scale = 1.0 / tau
     q = _queries(g, w_q, n_heads, ctx)
     dt = q.dtype
-    h = ctx.h.to(dt)
+    h, k = ctx.h.to(dt), ctx.k.to(dt)
+    v = k if ctx.v is ctx.k else ctx.v.to(dt)
+    qs, gs = q * scale, g.to(dt) * (diag.to(dt) * scale)
     allowed = causal_mask(g.shape[1], ctx.length, g.device)
-    bias = ((g.to(dt) * (diag.to(dt) * scale)) @ h.transpose(-1, -2)).masked_fill(~allowed, float("-inf"))
-    s = (q * scale) @ ctx.k.to(dt).transpose(-1, -2)
-    a = softmax_low_precision(s + bias[:, None])                    # (B, H, N, S)
-    return _lowrank_out(a @ ctx.v.to(dt), w_q, ctx) + (-diag.to(dt)) * (a.sum(1) @ h)
+    ys, sums = [], []
+    for r0, r1, e in causal_row_blocks(g.shape[1], ctx.length):
+        ht = h[:, :e]
+        bias = (gs[:, r0:r1] @ ht.transpose(-1, -2)).masked_fill(~allowed[r0:r1, :e], float("-inf"))
+        a = softmax_low_precision(qs[:, :, r0:r1] @ k[:, :, :e].transpose(-1, -2) + bias[:, None])
+        ys.append(a @ v[:, :, :e])                                      # (B, H, rows, d_h)
+        sums.append(a.sum(1) @ ht)                                      # (B, rows, d)
+    return _lowrank_out(_cat(ys, 2), w_q, ctx) + (-diag.to(dt)) * _cat(sums, 1)
+
+
+def _cat(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """``torch.cat`` that returns a single part as it is (no copy)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
 
 
 def diag_per_head_grad(g: torch.Tensor, ctx: InteractionContext, w_q: torch.Tensor, diag: torch.Tensor,
@@ -272,18 +286,30 @@ def diag_per_head_grad_sdpa(g: torch.Tensor, ctx: InteractionContext, w_q: torch
 
 def diag_per_head_grad_dense(g: torch.Tensor, ctx: InteractionContext, w_q: torch.Tensor, diag: torch.Tensor,
                              n_heads: int, tau: float) -> torch.Tensor:
-    """:func:`diag_per_head_grad` with the (B, H, N, S) scores ``s^k_ij = q_k·k_k + (d_k⊙g_i)·ĥ_j``
-    materialized in the compute dtype (bf16 under autocast): ``−W_Qᵀ Σ_j a_ij v_j − Σ_k d_k ⊙ Σ_j
-    a^k_ij ĥ_j``, (B, N, d). ``ĥ`` is never expanded over heads (one batched product per term)."""
+    """:func:`diag_per_head_grad` with the scores ``s^k_ij = q_k·k_k + (d_k⊙g_i)·ĥ_j``
+    materialized in the compute dtype (bf16 under autocast), one causal block of query rows at a
+    time (:func:`energyformer.energies.heads.causal_row_blocks`): ``−W_Qᵀ Σ_j a_ij v_j − Σ_k d_k
+    ⊙ Σ_j a^k_ij ĥ_j``, (B, N, d). ``ĥ`` is never expanded over heads (one batched product per term).
+    """
     scale = 1.0 / tau
     q = _queries(g, w_q, n_heads, ctx)
     dt = q.dtype
-    h, dg = ctx.h.to(dt), diag.to(dt)
+    h, dg, k = ctx.h.to(dt), diag.to(dt), ctx.k.to(dt)
+    v = k if ctx.v is ctx.k else ctx.v.to(dt)
+    qs = q * scale
     gd = g.to(dt)[:, None] * (dg * scale)[None, :, None, :]          # (B, H, N, d)
-    s = (q * scale) @ ctx.k.to(dt).transpose(-1, -2) + torch.einsum("bhnd,bsd->bhns", gd, h)
-    a = _masked_softmax_scores(s, g.shape[1], ctx.length)
-    o2 = torch.einsum("bhns,bsd->bhnd", a, h)
-    return _lowrank_out(a @ ctx.v.to(dt), w_q, ctx) + ((-dg)[None, :, None, :] * o2).sum(1)
+    n = g.shape[1]
+    allowed = causal_mask(n, ctx.length, g.device)
+    ys, o2s = [], []
+    for r0, r1, e in causal_row_blocks(n, ctx.length):
+        ht = h[:, :e]
+        s = qs[:, :, r0:r1] @ k[:, :, :e].transpose(-1, -2) + torch.einsum("bhnd,bsd->bhns", gd[:, :, r0:r1], ht)
+        if n > 1:
+            s = s.masked_fill(~allowed[r0:r1, :e], float("-inf"))
+        a = softmax_low_precision(s)
+        ys.append(a @ v[:, :, :e])
+        o2s.append(torch.einsum("bhns,bsd->bhnd", a, ht))
+    return _lowrank_out(_cat(ys, 2), w_q, ctx) + ((-dg)[None, :, None, :] * _cat(o2s, 2)).sum(1)
 
 
 def _masked_softmax_scores(s: torch.Tensor, n: int, length: int) -> torch.Tensor:

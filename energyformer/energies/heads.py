@@ -22,8 +22,8 @@ import torch
 from energyformer._validate import check_float, check_int
 
 __all__ = ["split_heads", "merge_heads", "rope_cos_sin", "rotate_half", "apply_rope", "rope_matrices",
-           "causal_mask", "sdpa_causal_kwargs", "FUSED_HEAD_DIM_MAX", "ATTENTION_PATHS", "attention_path",
-           "force_attention_path", "forced_attention_path", "compute_dtype", "softmax_low_precision"]
+           "causal_mask", "causal_row_blocks", "sdpa_causal_kwargs", "FUSED_HEAD_DIM_MAX", "ATTENTION_PATHS",
+           "attention_path", "force_attention_path", "forced_attention_path", "compute_dtype", "softmax_low_precision"]
 
 
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -112,6 +112,25 @@ def causal_mask(n_query: int, n_key: int, device: torch.device | str | None = No
     check_int("n_query", n_query, 1)
     check_int("n_key", n_key, n_query)
     return torch.ones(n_query, n_key, dtype=torch.bool, device=device).tril(n_key - n_query - int(strict))
+
+
+#: at most this many query-row blocks, each of at least ``CAUSAL_BLOCK_MIN_ROWS`` rows (:func:`causal_row_blocks`)
+CAUSAL_BLOCKS_MAX, CAUSAL_BLOCK_MIN_ROWS = 4, 32
+
+
+def causal_row_blocks(n_query: int, n_key: int) -> list[tuple[int, int, int]]:
+    """Query-row blocks ``(start, stop, keys)`` of a causal attention whose scores are materialized:
+    rows ``start … stop−1`` (of the last ``n_query`` of ``n_key`` positions, as :func:`causal_mask`)
+    see at most the first ``keys`` keys, so the score, softmax and value products of a block stop
+    there. ``c`` blocks compute ``(c + 1) / 2c`` of the full ``N × S`` products when ``S = N``
+    (62.5% for 4) instead of all of them; a fused causal kernel (SDPA) skips the masked half
+    itself. One block (the whole product) below ``2 · CAUSAL_BLOCK_MIN_ROWS`` rows, e.g. one
+    decoded token.
+    """
+    c = max(1, min(CAUSAL_BLOCKS_MAX, n_query // CAUSAL_BLOCK_MIN_ROWS))
+    cuts = [round(i * n_query / c) for i in range(c + 1)]
+    offset = n_key - n_query
+    return [(cuts[i], cuts[i + 1], offset + cuts[i + 1]) for i in range(c)]
 
 
 def sdpa_causal_kwargs(n_query: int, n_key: int, device: torch.device | str | None = None) -> dict:

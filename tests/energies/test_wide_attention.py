@@ -290,3 +290,29 @@ def test_sdpa_receives_bf16_under_cpu_autocast(monkeypatch, case):
         assert len(set(dtypes)) == 1, f"{case}: torch.cat of {dtypes} promotes"
     if case == "nrgpt_full":  # the query stays a view of g over heads (stride 0), cast before expanding
         assert spy.sdpa[0][0][1][1] == 0
+
+
+def test_causal_row_blocks_cover_every_row_and_stop_at_its_last_keys():
+    """Blocks tile the query rows in order; a block sees the keys up to its last row's position."""
+    for n, s in [(1, 1), (1, 9), (31, 31), (64, 64), (128, 128), (256, 256), (100, 130)]:
+        blocks = heads.causal_row_blocks(n, s)
+        assert blocks[0][0] == 0 and blocks[-1][1] == n and blocks[-1][2] == s
+        assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
+        allowed = heads.causal_mask(n, s)
+        for r0, r1, keys in blocks:
+            assert allowed[r1 - 1, keys - 1] and not allowed[r0:r1, keys:].any()  # nothing seen is cut off
+    assert len(heads.causal_row_blocks(128, 128)) == heads.CAUSAL_BLOCKS_MAX
+    assert heads.causal_row_blocks(1, 50) == [(0, 1, 50)]  # one decoded token: one block
+
+
+@pytest.mark.parametrize("n_new,s_len", [(7, None), (5, 9)])
+def test_cem_dense_paths_in_several_causal_blocks_equal_sdpa(monkeypatch, n_new, s_len):
+    """The dense diag_shared / diag_per_head paths with the query rows cut into causal blocks (1-row
+    minimum, so 7 rows give 4 blocks) equal the SDPA path, full and with a cached context."""
+    monkeypatch.setattr(heads, "CAUSAL_BLOCK_MIN_ROWS", 1)
+    assert len(heads.causal_row_blocks(n_new, s_len or n_new)) == 4
+    gen = torch.Generator().manual_seed(n_new)
+    _same_fwd_bwd([_cem(C.diag_per_head_grad_sdpa, 3), _cem(C.diag_per_head_grad_dense, 3)],
+                  _cem_inputs(n_new, 3, 2, 7, gen, s=s_len))
+    inputs = _cem_inputs(n_new, 3, 2, 7, gen, s=s_len, per_head=False)
+    _same_fwd_bwd([_cem(C.diag_shared_grad_sdpa, 3), _cem(C.diag_shared_grad_dense, 3)], inputs)
