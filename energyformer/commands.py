@@ -313,22 +313,15 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
     import torch
 
     from energyformer._validate import check_int
-    from energyformer.data import load_tokenizer
     from energyformer.models.registry import get_spec
-    from energyformer.runs.rundir import load_run, warn_if_training
-    from energyformer.utils.device import configure_backends, resolve_device
+    from energyformer.runs.rundir import open_run
 
     check_int("num_samples", num_samples, 1)
     check_int("seed", seed, 0)
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if any(not s for s in stops):
         raise ValueError(f"--stop={stop!r}: a stop text must not be empty")
-    run_dir, _ = _run_ref(run_dir)
-    dev = resolve_device(device)
-    configure_backends(dev)
-    model, _, meta = load_run(run_dir, device=dev)
-    warn_if_training(run_dir)
-    tokenizer = load_tokenizer(meta)
+    model, _, meta, tokenizer, dev, _ = open_run(run_dir, device)  # (zoo:NAME too)
     generator = torch.Generator(device=dev).manual_seed(seed)
     crit, n_steps = _exit_options(exit, max_steps, n_steps)
     forward_kwargs = {k: v for k, v in {"n_steps": n_steps, "stop_tol": stop_tol, "exit": crit,

@@ -52,10 +52,9 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm.auto import tqdm
 
 from energyformer._validate import check_int
-from energyformer.data import load_tokenizer
 from energyformer.layers.exit import parse_exit
 from energyformer.models.registry import get_spec
-from energyformer.runs.rundir import load_run
+from energyformer.runs.rundir import open_run
 
 MODEL_NAME = "energyformer"
 #: ``datasets`` builders that read local files: a task naming one (``dataset_path: json``) is not hub-backed
@@ -88,7 +87,9 @@ class EnergyformerLM(TemplateLM):
     """lm-eval model over an energyformer run directory.
 
     Args (``--model_args key=value,...``):
-        run: the run directory (``energyformer train``'s ``train.out_dir``).
+        run: the run directory (``energyformer train``'s ``train.out_dir``), or ``zoo:NAME``; opened
+            by :func:`energyformer.runs.rundir.open_run` (a one-line warning when a training still
+            holds it).
         batch_size: sequences per forward pass (lm-eval passes its ``--batch_size`` here).
         device: ``cpu``, ``cuda``, ``cuda:N``, ``mps`` or ``auto``.
         max_gen_toks: default ``max_gen_toks`` of ``generate_until``.
@@ -110,16 +111,11 @@ class EnergyformerLM(TemplateLM):
                  prefix_token_id: int | None = None, n_steps: int | None = None, progress: bool | None = None,
                  exit: str | None = None, accept_lower_energy: bool | str = False, **kwargs: Any):
         super().__init__()
-        from energyformer.utils.device import configure_backends, resolve_device
-
         if str(device).startswith("cuda") and not torch.cuda.is_available():
             # lm-eval's command line defaults to cuda; its hf model falls back to the CPU too
             warnings.warn(f"device={device!r} is not available; evaluating on cpu", stacklevel=2)
             device = "cpu"
-        self._device = resolve_device(str(device))
-        configure_backends(self._device)
-        self.model, self.run_config, meta = load_run(run, device=self._device)
-        self.tokenizer = load_tokenizer(meta)
+        self.model, self.run_config, _, self.tokenizer, self._device, _ = open_run(run, str(device))
         self.batch_size = check_int("batch_size", 8 if str(batch_size) == "auto" else int(batch_size), 1)
         self.max_gen_toks = check_int("max_gen_toks", int(max_gen_toks), 1)
         self.max_length = self.model.config.block_size

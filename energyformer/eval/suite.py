@@ -211,7 +211,7 @@ def evaluate_run(run_dir: str | Path, tasks: str | Sequence[str] = BUILTIN_TASKS
     for i, task in enumerate(names, 1):
         say(f"eval {task} ({i}/{len(names)}): started")
         start = time.perf_counter()
-        report["tasks"][task] = _run_task(task, lm, run_dir, num_fewshot, limit, include_path, device, progress,
+        report["tasks"][task] = _run_task(task, lm, num_fewshot, limit, include_path, device, progress,
                                           manager)
         say(f"eval {task} ({i}/{len(names)}): done in {time.perf_counter() - start:.1f} s")
     out = Path(out) if out is not None else run_dir / "eval.json"
@@ -249,18 +249,15 @@ class _WithOptions:
         return getattr(self.model, name)
 
 
-def _run_task(name: str, lm: Any, run_dir: Path, num_fewshot: int, limit: int | None, include_path: str | None,
+def _run_task(name: str, lm: Any, num_fewshot: int, limit: int | None, include_path: str | None,
               device: str, progress: bool | None, manager: Any = None) -> dict[str, Any]:
     """The results of one task of :func:`evaluate_run` on the adapter ``lm``."""
-    from energyformer.data import load_tokenizer
     from energyformer.eval import harness, mmlu
-    from energyformer.runs.rundir import load_run
     from energyformer.utils.device import resolve_device
 
-    if name == "val_loss":
-        _, run_cfg, meta = load_run(run_dir)
+    if name == "val_loss":  # the run the adapter opened: its config and tokenizer
         model = _WithOptions(lm.model, lm.forward_kwargs) if lm.forward_kwargs else lm.model
-        res = val_loss(model, run_cfg.data.path, load_tokenizer(meta), lm.batch_size,
+        res = val_loss(model, lm.run_config.data.path, lm.tokenizer, lm.batch_size,
                        None if limit is None else limit * lm.max_length, resolve_device(device), progress)
         steps = model.steps_used() if isinstance(model, _WithOptions) else None
         return {**res, "steps_per_token": steps} if steps else res

@@ -341,11 +341,13 @@ def inspect_run(run_dir: str | Path, prompt: str, out_dir: str | Path, n_steps: 
     """Trace a trained run on ``prompt`` and write ``trace.json`` and the plots into ``out_dir``.
 
     Args:
-        run_dir: a run directory of an energy model (NRGPT; CEM with ``rope`` exact or None).
+        run_dir: a run directory of an energy model (NRGPT; CEM with ``rope`` exact or None), or
+            ``zoo:NAME`` (opened by :func:`energyformer.runs.rundir.open_run`, which warns when a
+            training still holds the run).
         prompt: the text (encoded with the run's tokenizer, cropped to the last ``block_size`` tokens).
         out_dir: where ``trace.json``, ``energy_steps.png`` and ``energy_heatmap.png`` go.
         n_steps, stop_tol: steps at inference (NRGPT, CEM) and per-token early stopping (NRGPT).
-        device: where the model runs.
+        device: where the model runs (``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps``).
         exit, accept_lower_energy: per-token adaptive exit (``"rel:0.03"`` ...) and energy-safe
             steps (docs/inference_compute.md); the steps each token got are ``steps_taken``.
 
@@ -354,19 +356,15 @@ def inspect_run(run_dir: str | Path, prompt: str, out_dir: str | Path, n_steps: 
         ``steps_taken``, ``descent``, ``per_token``, ``energy_vs_loss``, ``files``).
 
     Raises:
-        FileNotFoundError: not a run directory.
-        ValueError: an empty prompt or one the tokenizer cannot encode, a model without energies,
-            an option the model's forward does not take (e.g. ``stop_tol`` for CEM), a bad ``exit``.
+        FileNotFoundError: not a run directory, or ``zoo:NAME`` naming no entry.
+        ValueError: an unavailable ``device``, an empty prompt or one the tokenizer cannot encode, a
+            model without energies, an option the model's forward does not take (e.g. ``stop_tol``
+            for CEM), a bad ``exit``.
     """
-    from energyformer.data import load_tokenizer
-    from energyformer.runs.rundir import load_run
-    from energyformer.utils.device import configure_backends, resolve_device
+    from energyformer.runs.rundir import open_run
     from energyformer.utils.io import atomic_write_json
 
-    dev = resolve_device(device)
-    configure_backends(dev)
-    model, run_cfg, meta = load_run(run_dir, device=dev)
-    tokenizer = load_tokenizer(meta)
+    model, run_cfg, meta, tokenizer, dev, _ = open_run(run_dir, device)
     try:
         ids = tokenizer.encode(prompt)
     except (KeyError, ValueError) as e:

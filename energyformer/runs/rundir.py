@@ -26,7 +26,7 @@ import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -337,3 +337,56 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu", *,
     model.to(device)
     model.eval()
     return model, run_cfg, meta
+
+
+class OpenRun(NamedTuple):
+    """A trained run opened for inference by :func:`open_run` (a named tuple: unpack it or read the fields)."""
+
+    model: Any
+    """the language model in eval mode on :attr:`device` (``(B, N)`` token ids in, ``(B, N, V)`` logits out)"""
+    run_cfg: RunConfig
+    """the run's :class:`RunConfig` (``config.yaml``)"""
+    meta: dict[str, Any]
+    """the data meta dict (the run's ``meta.json``)"""
+    tokenizer: Any
+    """the run's tokenizer (``energyformer.data.load_tokenizer(meta)``)"""
+    device: torch.device
+    """where the model is (``device`` resolved: ``"auto"`` is CUDA when available, else the CPU)"""
+    run_dir: Path
+    """the run directory (a ``zoo:NAME`` reference resolved to the zoo's folder)"""
+
+
+def open_run(run_ref: str | Path, device: str | torch.device = "auto") -> OpenRun:
+    """Open a trained language model for inference, as ``sample``, ``inspect`` and ``eval`` do.
+
+    In this order: resolve ``run_ref`` (``zoo:NAME`` → the zoo's folder) and ``device``
+    (:func:`energyformer.utils.device.resolve_device`), apply the process-wide backend settings
+    for it (``configure_backends``, docs/gpu.md), rebuild the model (:func:`load_run`), warn in
+    one line when a training still holds the run (:func:`warn_if_training`: the committed
+    checkpoint is not the run's last), and build the run's tokenizer. One home for what every
+    inference command does first (docs/architecture.md §1, ``runs/``).
+
+    Args:
+        run_ref: a run directory, or ``"zoo:NAME"``, a model that ships with the package
+            (:mod:`energyformer.runs.zoo`).
+        device: ``"auto"`` (default), ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"`` or a ``torch.device``.
+
+    Returns:
+        :class:`OpenRun` ``(model, run_cfg, meta, tokenizer, device, run_dir)``.
+
+    Raises:
+        ValueError: ``device`` is not a device or not available here; an invalid tokenizer in the
+            meta; everything :func:`load_run` raises (corrupt files, a run that is not a language model).
+        FileNotFoundError / NotADirectoryError: as :func:`load_run` (a missing run, ``zoo:NAME``
+            naming no entry, a missing ``config.yaml``, weights or meta.json).
+    """
+    from energyformer.data import load_tokenizer
+    from energyformer.runs.zoo import resolve_run_dir
+    from energyformer.utils.device import configure_backends, resolve_device
+
+    run_dir = resolve_run_dir(run_ref)  # "zoo:NAME": a model that ships with the package
+    dev = resolve_device(device)
+    configure_backends(dev)
+    model, run_cfg, meta = load_run(run_dir, device=dev)
+    warn_if_training(run_dir)
+    return OpenRun(model, run_cfg, meta, load_tokenizer(meta), dev, run_dir)
