@@ -25,6 +25,7 @@ parameter) automatically. A module outside the package is loaded by
 from __future__ import annotations
 
 import math
+import warnings
 from typing import ClassVar
 
 import torch
@@ -228,19 +229,40 @@ class _DiagInteraction(LowRankInteraction):
 class DiagSharedInteraction(_DiagInteraction):
     """D+LR with one diagonal shared by all heads: ``A_k = low rank + diag(d)``, ``d`` (d,) zero at init.
 
-    ``sdpa`` (attribute, not saved with the weights): ``None`` (default) picks the gradient's path
-    by device, augmented heads through SDPA off the CPU (no (B, H, N, N) scores) and the dense
-    scores on the CPU; ``True`` / ``False`` force one (both exact; tests set them).
+    The gradient's path is chosen by device (:func:`energyformer.energies.cem.diag_shared_grad`):
+    augmented heads through SDPA off the CPU (no (B, H, N, N) scores), the dense scores on the
+    CPU; both are fast paths, exact, and ``force_attention_path("sdpa" | "scores")``
+    (:mod:`energyformer.energies.heads`) forces one, as for every energy attention (docs/cem.md §4).
+    The attribute ``sdpa`` that forced it for one entry is deprecated (a ``DeprecationWarning``;
+    it still forces the path); it never selected the plain reference, which is
+    ``interaction_grad_reference``.
     """
 
     section = "docs/cem.md §4"
-    sdpa: bool | None = None
+    _sdpa: bool | None = None  # the deprecated per-entry override of the path (None: by device)
+
+    @property
+    def sdpa(self) -> bool | None:
+        """Deprecated: use ``energyformer.energies.heads.force_attention_path("sdpa" | "scores")``."""
+        _warn_sdpa()
+        return self._sdpa
+
+    @sdpa.setter
+    def sdpa(self, value: bool | None) -> None:
+        _warn_sdpa()
+        self._sdpa = value
 
     def _make_diag(self, d_model: int, n_heads: int) -> nn.Parameter:
         return nn.Parameter(torch.zeros(d_model))
 
     def grad(self, g: torch.Tensor, h_hat: torch.Tensor, ctx: InteractionContext) -> torch.Tensor:
-        return E.diag_shared_grad(g, ctx, self.q_proj.weight, self.diag, self.n_heads, self.tau, sdpa=self.sdpa)
+        return E.diag_shared_grad(g, ctx, self.q_proj.weight, self.diag, self.n_heads, self.tau, sdpa=self._sdpa)
+
+
+def _warn_sdpa() -> None:
+    warnings.warn("DiagSharedInteraction.sdpa is deprecated: force the attention path with "
+                  "energyformer.energies.heads.force_attention_path('sdpa' | 'scores') (sdpa=True is 'sdpa', "
+                  "False is 'scores')", DeprecationWarning, stacklevel=3)
 
 
 @INTERACTIONS.register("diag_per_head")

@@ -7,7 +7,9 @@ no explicit mask), which is what makes the flash / cuDNN / memory-efficient GPU 
   against the explicit masked softmax / log-sum-exp (``*_reference``), update and energy, pure
   functions, the block (``use_reference``) and the cached-decoding functions.
 * CEM ``diag_shared``: augmented heads through SDPA (``diag_shared_grad_sdpa``) against the dense
-  scores (``diag_shared_grad_dense``, the CPU default) and the per-element reference.
+  scores (``diag_shared_grad_dense``, the CPU default) and the per-element reference; in a layer
+  and a model the path is forced with ``force_attention_path`` (the entry's own ``sdpa`` attribute
+  is deprecated).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import torch.nn.functional as F
 
 from energyformer.energies import cem as C
 from energyformer.energies import nrgpt as E
-from energyformer.energies.heads import rope_cos_sin
+from energyformer.energies.heads import force_attention_path, rope_cos_sin
 from energyformer.layers.cem import CEMAttention
 from energyformer.layers.nrgpt import NRGPTBlock
 
@@ -221,6 +223,8 @@ def test_cem_diag_shared_sdpa_equals_dense_with_cached_context(n_new):
 
 @pytest.mark.parametrize("N", [1, 7])
 def test_cem_layer_diag_shared_sdpa_equals_dense_for_every_parameter(N):
+    """The layer with its shared diagonal forced through SDPA equals the dense scores (to rounding),
+    output and the gradient of every parameter."""
     torch.manual_seed(0)
     layer = CEMAttention(12, 3, n_steps=2, interaction="diag_shared", rope="exact",
                          preconditioner="diag_lowrank", preconditioner_rank=2).double()
@@ -230,21 +234,20 @@ def test_cem_layer_diag_shared_sdpa_equals_dense_for_every_parameter(N):
     x = torch.randn(2, N, 12, dtype=DT, requires_grad=True)
     cot = torch.randn(2, N, 12, dtype=DT)
     out = {}
-    for sdpa in (True, False):
-        layer.interaction.sdpa = sdpa
-        y = layer(x)
-        out[sdpa] = (y, torch.autograd.grad((y * cot).sum(), [x, *layer.parameters()]))
-    layer.interaction.sdpa = None
-    torch.testing.assert_close(out[True][0], out[False][0], **TOL)
-    for name, a, b in zip(["x", *(n for n, _ in layer.named_parameters())], out[True][1], out[False][1]):
+    for path in ("sdpa", "scores"):
+        with force_attention_path(path):
+            y = layer(x)
+            out[path] = (y, torch.autograd.grad((y * cot).sum(), [x, *layer.parameters()]))
+    torch.testing.assert_close(out["sdpa"][0], out["scores"][0], **TOL)
+    for name, a, b in zip(["x", *(n for n, _ in layer.named_parameters())], out["sdpa"][1], out["scores"][1]):
         torch.testing.assert_close(a, b, **TOL, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def test_cem_diag_shared_sdpa_is_one_causal_call_without_mask(monkeypatch):
     spy = _SDPASpy(monkeypatch, C)
     layer = CEMAttention(16, 2, interaction="diag_shared")
-    layer.interaction.sdpa = True
-    layer(torch.randn(2, 5, 16))
+    with force_attention_path("sdpa"):
+        layer(torch.randn(2, 5, 16))
     (call,) = spy.calls
     assert call["is_causal"] is True and "attn_mask" not in call
     assert call["shapes"][0] == (2, 2, 5, 24)  # d_h + d = 8 + 16, already a multiple of 8
@@ -280,12 +283,36 @@ def test_cem_model_diag_shared_sdpa_logits_and_cached_decoding_equal_dense():
     idx = torch.randint(0, 19, (2, 9), generator=torch.Generator().manual_seed(1))
     logits = {}
     with torch.no_grad():
-        for sdpa in (False, True):
-            for m in entries:
-                m.sdpa = sdpa
-            logits[sdpa] = model(idx)[0]
+        for path in ("scores", "sdpa"):
+            with force_attention_path(path):
+                logits[path] = model(idx)[0]
         cache, pieces = KVCache(), []
-        for a, b in ((0, 5), (5, 6), (6, 9)):  # sdpa=True still: prefill, one token, an extension
-            pieces.append(model(idx[:, a:b], cache=cache)[0])
-    torch.testing.assert_close(logits[True], logits[False], **TOL)
-    torch.testing.assert_close(torch.cat(pieces, dim=1), logits[True], **TOL)
+        with force_attention_path("sdpa"):
+            for a, b in ((0, 5), (5, 6), (6, 9)):  # prefill, one token, an extension
+                pieces.append(model(idx[:, a:b], cache=cache)[0])
+    torch.testing.assert_close(logits["sdpa"], logits["scores"], **TOL)
+    torch.testing.assert_close(torch.cat(pieces, dim=1), logits["sdpa"], **TOL)
+
+
+def test_cem_diag_shared_sdpa_attribute_is_deprecated_and_still_forces_the_path(monkeypatch):
+    """``DiagSharedInteraction.sdpa`` (documented before 0.3): reading or setting it warns
+    (``DeprecationWarning``, naming ``force_attention_path``) and ``True`` / ``False`` / ``None`` still
+    choose SDPA / the dense scores / by device, over a forced path, as they did."""
+    chosen = []
+    monkeypatch.setattr(C, "diag_shared_grad_sdpa", lambda g, *a: chosen.append("sdpa") or torch.zeros_like(g))
+    monkeypatch.setattr(C, "diag_shared_grad_dense", lambda g, *a: chosen.append("dense") or torch.zeros_like(g))
+    layer = CEMAttention(16, 2, interaction="diag_shared")
+    x = torch.randn(1, 3, 16)
+    # the entry's value, a path forced around it, the path taken (True / False win over the forced one)
+    for value, forced, taken in ((True, "scores", "sdpa"), (False, "sdpa", "dense"), (None, "sdpa", "sdpa")):
+        with pytest.warns(DeprecationWarning, match=r"sdpa is deprecated: .*force_attention_path"):
+            layer.interaction.sdpa = value
+        with pytest.warns(DeprecationWarning, match="force_attention_path"):
+            assert layer.interaction.sdpa is value
+        chosen.clear()
+        with force_attention_path(forced):
+            layer(x)
+        assert set(chosen) == {taken}, value
+    chosen.clear()
+    layer(x)  # None, nothing forced: by device (the dense scores on the CPU)
+    assert set(chosen) == {"dense"}
