@@ -159,7 +159,7 @@ def _run(argv: list[str], fail: Callable[..., int]) -> int:
     user_errors = (ValueError, OSError, DataPreparationError)
     try:
         name, kwargs, imports = _parse(argv)
-        load_plugins(imports)
+        imports = load_plugins(imports)  # --import: checked and imported before the command runs
         if name == "train":
             kwargs["imports"] = imports
         fn, show = COMMANDS[name]

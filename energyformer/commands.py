@@ -230,8 +230,7 @@ def train(recipe: str, overrides: Sequence[str] = (), progress: bool | None = No
         raise ValueError(f"{recipe!r} is a run directory, not a recipe YAML file; {train_on_hint(recipe)}")
     if not Path(recipe).exists() and did_you_mean(recipe):  # a mistyped bundled recipe
         raise FileNotFoundError(f"config file {recipe!r} does not exist{did_you_mean(recipe)}")
-    run_cfg = load_config(recipe, overrides, resolve_vocab=True)
-    run_cfg.imports = list(dict.fromkeys([*run_cfg.imports, *imports]))
+    run_cfg = load_config(recipe, overrides, resolve_vocab=True, imports=imports)  # recorded after the recipe's
     return run_training(run_cfg, progress=progress)
 
 

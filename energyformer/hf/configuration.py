@@ -16,7 +16,7 @@ from transformers import PretrainedConfig
 
 from energyformer.models.config import ModelConfig
 from energyformer.models.registry import LANGUAGE_MODELS, config_from_dict
-from energyformer.utils.plugins import check_imports, load_plugins
+from energyformer.utils.plugins import load_plugins
 
 #: Hugging Face attribute names derived from the energyformer model config (never read back)
 DERIVED_KEYS = ("vocab_size", "max_position_embeddings", "hidden_size", "num_attention_heads",
@@ -44,8 +44,7 @@ class EnergyformerConfig(PretrainedConfig):
 
     def __init__(self, energyformer: dict[str, Any] | None = None, imports: list[str] | None = None,
                  **kwargs: Any):
-        self.imports = check_imports(imports)
-        load_plugins(self.imports)
+        self.imports = load_plugins(imports)  # checked and imported before the model config is read
         spec = {"arch": self.arch, **dict(energyformer or {})}
         if spec["arch"] != self.arch:
             raise ValueError(f"energyformer['arch']={spec['arch']!r} does not match {type(self).__name__} "

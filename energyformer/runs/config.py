@@ -394,9 +394,9 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any], overrides: Sequenc
         SystemExit: ``--help`` among the overrides (status 0, after printing the help).
     """
     raw, stem, recipe_imports = _read_raw(path_or_dict)
-    extra = [imports] if isinstance(imports, str) else list(imports)
-    imports = list(dict.fromkeys([*recipe_imports, *extra]))  # the recipe's, then the extra ones, once each
-    load_plugins(imports)  # a plugin may register the arch the recipe names (an ArchSpec)
+    # checked and imported (a plugin may register the arch the recipe names, an ArchSpec): the
+    # recipe's, then the extra ones, once each
+    imports = load_plugins(recipe_imports, [imports] if isinstance(imports, str) else list(imports))
     arch = _arch_override(overrides) or raw["model"].get("arch")
     if arch is None:
         raise ValueError(f"the model section needs an 'arch' key, one of {sorted(ARCHS)}")
@@ -508,8 +508,9 @@ def _arch_override(tokens: Sequence[str]) -> str | None:
     return arch
 
 
-def _read_raw(path_or_dict: str | Path | Mapping[str, Any]) -> tuple[dict[str, Any], str | None, list[str]]:
-    """``(recipe with bases merged, file stem or None, imports)``, every section present as a dict."""
+def _read_raw(path_or_dict: str | Path | Mapping[str, Any]) -> tuple[dict[str, Any], str | None, Any]:
+    """``(recipe with bases merged, file stem or None, its imports as written)``, every section
+    present as a dict (the imports are checked by :func:`~energyformer.utils.plugins.load_plugins`)."""
     if isinstance(path_or_dict, Mapping):
         raw, stem = dict(path_or_dict), None
         if "base" in raw:  # a dict may extend a recipe file too (relative to the working directory)
@@ -523,9 +524,6 @@ def _read_raw(path_or_dict: str | Path | Mapping[str, Any]) -> tuple[dict[str, A
     if unknown:
         raise ValueError(f"unknown config section(s) {unknown}; expected some of {list(SECTIONS)} "
                          f"(and base, {IMPORTS_KEY})")
-    imports = raw.get(IMPORTS_KEY) or []
-    if not isinstance(imports, list) or not all(isinstance(m, str) and m for m in imports):
-        raise ValueError(f"{IMPORTS_KEY}={imports!r} must be a list of module names, e.g. [my_package.energies]")
     out = {}
     for section in SECTIONS:
         value = raw.get(section)
@@ -534,7 +532,7 @@ def _read_raw(path_or_dict: str | Path | Mapping[str, Any]) -> tuple[dict[str, A
         if not isinstance(value, Mapping):
             raise ValueError(f"config section {section!r} must be a mapping of keys to values, got {value!r}")
         out[section] = dict(value)
-    return out, stem, list(imports)
+    return out, stem, raw.get(IMPORTS_KEY) or []
 
 
 def unknown_key_message(cls: type, section: str, key: str) -> str:

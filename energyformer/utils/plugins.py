@@ -10,14 +10,17 @@ Two ways load one:
   ``config.yaml`` keeps, so that reading the run back (``load_run``, ``sample``, ``eval``,
   ``export``, resuming ``train``) imports it again in a fresh process before any model is built.
 
-:func:`energyformer.runs.config.load_config` calls :func:`load_plugins` with the config's
-``imports`` before it parses the model section.
+:func:`load_plugins` is the one function that checks and imports them: ``load_config`` calls it
+with the recipe's ``imports`` and the extra modules it is given (``energyformer --import``) before
+it parses the model section, and records the list it returns; the Hugging Face config
+(``energyformer.hf.configuration``) calls it with a ``config.json``'s ``imports``; the CLI with its
+``--import`` modules before any command runs.
 """
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 __all__ = ["ENTRY_POINT_GROUP", "PluginError", "load_plugins", "check_imports"]
 
@@ -29,18 +32,22 @@ class PluginError(ValueError):
     """A plugin module (or entry point) that fails to import; the message is one line naming it."""
 
 
-def check_imports(imports: object) -> list[str]:
-    """``imports`` of a run config as a list of module names (``None`` is ``[]``).
+def check_imports(imports: object, *more: object) -> list[str]:
+    """The module names of a run config's ``imports`` and of each list in ``more`` (modules added
+    after them, e.g. ``--import``): in that order, stripped, each once; ``None`` is ``[]``.
 
     Raises:
-        ValueError: not a list of non-empty strings.
+        ValueError: one of them is not a list (or tuple) of non-empty strings; the message names it.
     """
-    if imports is None:
-        return []
-    if isinstance(imports, str) or not isinstance(imports, (list, tuple)) or not all(
-            isinstance(m, str) and m.strip() for m in imports):
-        raise ValueError(f"imports={imports!r} must be a list of module names, e.g. [my_options]")
-    return list(dict.fromkeys(m.strip() for m in imports))
+    names: list[str] = []
+    for given in (imports, *more):
+        if given is None:
+            continue
+        if isinstance(given, str) or not isinstance(given, (list, tuple)) or not all(
+                isinstance(m, str) and m.strip() for m in given):
+            raise ValueError(f"imports={given!r} must be a list of module names, e.g. [my_options]")
+        names.extend(m.strip() for m in given)
+    return list(dict.fromkeys(names))
 
 
 def _one_line(e: BaseException) -> str:
@@ -60,19 +67,39 @@ def _load_entry_points() -> None:
                               f"{_one_line(e)}") from e
 
 
-def load_plugins(modules: Iterable[str] = ()) -> None:
-    """Load the ``energyformer.plugins`` entry points (once per process), then import each of ``modules``.
+def load_plugins(modules: Iterable[str] | None = (), *more: Iterable[str] | None) -> list[str]:
+    """Check and import a run's plugin modules: the ``energyformer.plugins`` entry points (once per
+    process), then each module of ``modules`` and of the lists in ``more`` (:func:`check_imports`: in
+    order, each once). The one home of "check and import ``imports:``" (docs/architecture.md §2).
 
     Importing a module twice is free (Python caches it), so callers need not track what is loaded.
 
+    Args:
+        modules: a run config's ``imports`` (a list of module names; ``None`` is none).
+        more: more lists, merged after it (``load_config``'s extra modules, from ``--import``).
+
+    Returns:
+        the module names, merged (what a run config records as its ``imports``).
+
     Raises:
+        ValueError: one of the lists is not a list of module names (:func:`check_imports`).
         PluginError: (a ``ValueError``) a module or entry point fails to import; one line naming it,
             the error, and where Python looks for it.
     """
     _load_entry_points()
-    for module in check_imports(modules if isinstance(modules, str) else list(modules)):
+    names = check_imports(*(_as_list(m) for m in (modules, *more)))
+    for module in names:
         try:
             importlib.import_module(module)
         except Exception as e:  # noqa: BLE001 - a plugin's own error, shown as one line
             raise PluginError(f"imports: plugin module {module!r} failed to import ({_one_line(e)}); its directory "
                               "must be on PYTHONPATH (or the module installed)") from e
+    return names
+
+
+def _as_list(modules: object) -> object:
+    """Any other iterable of names (a generator, ``dict.fromkeys``' keys) as a list; a list, a tuple,
+    ``None``, a string or a mapping as it is (:func:`check_imports` refuses the last two)."""
+    if modules is None or isinstance(modules, (str, list, tuple, Mapping)) or not isinstance(modules, Iterable):
+        return modules
+    return list(modules)

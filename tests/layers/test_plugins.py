@@ -3,6 +3,7 @@ each defined in a few lines below, train end to end through the CLI with no othe
 
 The two snippets are the examples of docs/architecture.md ("Adding an option").
 """
+import re
 import sys
 
 import pytest
@@ -124,6 +125,47 @@ def test_a_plugin_that_fails_is_one_line_naming_it(plugin_path):
         assert "\n" not in str(err.value) and isinstance(err.value, ValueError)
     with pytest.raises(ValueError, match="list of module names"):
         load_plugins("toy_plugin_bad")
+
+
+def test_check_imports_merges_the_lists_in_order_and_names_a_bad_one():
+    from energyformer.utils.plugins import check_imports
+
+    assert check_imports(None) == [] and check_imports(["b", " a "], None, ("a", "c")) == ["b", "a", "c"]
+    for bad in ("mod", {"mod": 1}, ["mod", ""], [3]):
+        with pytest.raises(ValueError, match=re.escape(f"imports={bad!r} must be a list of module names")):
+            check_imports(["ok"], bad)
+
+
+def test_a_run_configs_imports_are_checked_and_imported_by_load_plugins_alone(plugin_path, monkeypatch):
+    """One home for "check and import a run's plugin modules": ``load_config`` hands the recipe's
+    ``imports`` and its extra ones to ``load_plugins`` and records what it returns; a Hugging Face
+    config does the same with its ``imports``; so a bad value reads the same in both."""
+    pytest.importorskip("transformers")
+    from energyformer.hf import configuration
+    from energyformer.runs import config as run_config
+    from energyformer.utils import plugins
+
+    mod = _toy_module(plugin_path, "toy_plugin_ok", _TOY)
+    calls, real = [], plugins.load_plugins
+
+    def spy(*lists):
+        calls.append(lists)
+        return real(*lists)
+
+    monkeypatch.setattr(run_config, "load_plugins", spy)
+    monkeypatch.setattr(configuration, "load_plugins", spy)
+    model = {"arch": "cem", "vocab_size": 11, "interaction": "warm_diag_plugin"}
+    cfg = run_config.load_config({"imports": [mod], "model": model}, imports=[f" {mod} "])
+    assert calls == [([mod], [f" {mod} "])] and cfg.imports == [mod]
+    hf = configuration.config_for(cfg.model, imports=[mod])
+    assert calls[1:] == [([mod],)] and hf.imports == [mod]
+    messages = []
+    for make in (lambda: run_config.load_config({"imports": mod, "model": model}),
+                 lambda: configuration.config_for(cfg.model, imports=mod)):
+        with pytest.raises(ValueError, match="must be a list of module names") as err:
+            make()
+        messages.append(str(err.value))
+    assert messages == [f"imports={mod!r} must be a list of module names, e.g. [my_options]"] * 2
 
 
 def test_entry_point_group_is_loaded_once(plugin_path, monkeypatch):
