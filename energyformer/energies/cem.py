@@ -210,13 +210,22 @@ def diag_shared_grad(g: torch.Tensor, ctx: InteractionContext, w_q: torch.Tensor
     rounding, tested).
     """
     if sdpa is None:
-        forced = forced_attention_path()
-        if forced is not None:
-            sdpa = forced == "sdpa"
-        else:
-            sdpa = g.device.type != "cpu" and attention_path(_augmented_width(g, w_q, n_heads), g.device) == "sdpa"
+        sdpa = _augmented_path(g, w_q, n_heads) == "sdpa"
     fn = diag_shared_grad_sdpa if sdpa else diag_shared_grad_dense
     return fn(g, ctx, w_q, diag, n_heads, tau)
+
+
+def _augmented_path(g: torch.Tensor, w_q: torch.Tensor, n_heads: int) -> str:
+    """The path of a D+LR gradient: the forced one inside ``force_attention_path``; ``"scores"`` on
+    the CPU (the materialized scores in causal row blocks beat the CPU flash kernel at the augmented
+    width ``d_h + d``: ``benchmarks/bench_layers.py``); on CUDA, SDPA unless the augmented heads are
+    wider than its fused kernels take (:func:`energyformer.energies.heads.attention_path`)."""
+    forced = forced_attention_path()
+    if forced is not None:
+        return forced
+    if g.device.type == "cpu":
+        return "scores"
+    return attention_path(_augmented_width(g, w_q, n_heads), g.device)
 
 
 def diag_shared_grad_sdpa(g: torch.Tensor, ctx: InteractionContext, w_q: torch.Tensor, diag: torch.Tensor,
@@ -267,13 +276,11 @@ def _cat(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
 def diag_per_head_grad(g: torch.Tensor, ctx: InteractionContext, w_q: torch.Tensor, diag: torch.Tensor,
                        n_heads: int, tau: float) -> torch.Tensor:
     """``∇_g ε_att`` (B, N, d) of D+LR with one diagonal per head, ``diag`` (H, d) (docs/cem.md §4):
-    :func:`diag_per_head_grad_sdpa` (augmented heads through SDPA), or
-    :func:`diag_per_head_grad_dense` (materialized scores) where the augmented heads are wider than
-    the fused CUDA kernels take (:func:`energyformer.energies.heads.attention_path`). Both exact
-    (equal to the per-element reference, tested)."""
-    fn = diag_per_head_grad_sdpa
-    if attention_path(_augmented_width(g, w_q, n_heads), g.device) == "scores":
-        fn = diag_per_head_grad_dense
+    :func:`diag_per_head_grad_sdpa` (augmented heads through SDPA) on CUDA, or
+    :func:`diag_per_head_grad_dense` (materialized scores) on the CPU and where the augmented heads
+    are wider than the fused CUDA kernels take (:func:`_augmented_path`). Both exact (equal to the
+    per-element reference, tested)."""
+    fn = diag_per_head_grad_sdpa if _augmented_path(g, w_q, n_heads) == "sdpa" else diag_per_head_grad_dense
     return fn(g, ctx, w_q, diag, n_heads, tau)
 
 

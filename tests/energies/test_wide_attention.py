@@ -97,6 +97,23 @@ def test_cem_entries_pick_the_dense_path_for_wide_heads(monkeypatch):
                       "diag_shared_grad_dense", "diag_per_head_grad_dense", "diag_only_grad_dense"]
 
 
+def test_cem_diag_entries_take_the_dense_path_on_the_cpu(monkeypatch):
+    """On the CPU both D+LR entries take the materialized scores whatever the width (faster there:
+    benchmarks/bench_layers.py); ``force_attention_path`` still picks either."""
+    chosen = []
+    for name in ("diag_shared_grad_sdpa", "diag_shared_grad_dense", "diag_per_head_grad_sdpa",
+                 "diag_per_head_grad_dense"):
+        monkeypatch.setattr(C, name, lambda *a, name=name: chosen.append(name))
+    g, w_q = torch.zeros(1, 2, 8), torch.zeros(8, 8)
+    C.diag_shared_grad(g, None, w_q, None, 2, 1.0)
+    C.diag_per_head_grad(g, None, w_q, None, 2, 1.0)
+    with force_attention_path("sdpa"):
+        C.diag_shared_grad(g, None, w_q, None, 2, 1.0)
+        C.diag_per_head_grad(g, None, w_q, None, 2, 1.0)
+    assert chosen == ["diag_shared_grad_dense", "diag_per_head_grad_dense", "diag_shared_grad_sdpa",
+                      "diag_per_head_grad_sdpa"]
+
+
 # ------------------------------------------------------------------------------------ NRGPT full J
 @pytest.mark.parametrize("strict", [True, False])
 @pytest.mark.parametrize("N", [1, 2, 7])
@@ -279,7 +296,8 @@ def test_sdpa_receives_bf16_under_cpu_autocast(monkeypatch, case):
         elif case == "cem_diag_shared_sdpa":
             y = C.diag_shared_grad(g, C.interaction_context(h, w_k, H), w_q, torch.randn(d), H, 2.0, sdpa=True)
         elif case == "cem_diag_per_head":
-            y = C.interaction_grad(g, h, w_q, w_k, H, diag=torch.randn(H, d))
+            with force_attention_path("sdpa"):  # the CPU takes the materialized scores by default
+                y = C.interaction_grad(g, h, w_q, w_k, H, diag=torch.randn(H, d))
         else:
             y = C.interaction_grad(g, h, None, None, H, diag=torch.randn(H, d), tau=2.0)
     y.float().sum().backward()
