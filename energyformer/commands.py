@@ -328,8 +328,8 @@ def sample(run_dir: str, prompt: list[str] | str = "\n", max_new_tokens: int = 5
     spec = get_spec(model.config.arch)
     spec.check_inference_options(forward_kwargs, {"n_steps": "--n-steps", "stop_tol": "--stop-tol", "exit": "--exit",
                                                   "accept_lower_energy": "--monotone"})
-    if use_cache and not spec.cached_energy and (monotone or (crit is not None and "energy" in crit.needs)):
-        print("note: CEM attention has no energy of a cached context: decoding without the cache "
+    if use_cache and (monotone or (crit is not None and "energy" in crit.needs)) and not model.supports_cached_energy():
+        print("note: an attention of this model has no energy of a cached context: decoding without the cache "
               "(docs/inference_compute.md §4)", file=sys.stderr)
         use_cache = False
 

@@ -344,6 +344,16 @@ class CEMAttention(_CEMSubBlock):
     def _energy_or_none(self, g: torch.Tensor, h_hat: torch.Tensor) -> torch.Tensor | None:
         return self.interaction.energy(g, h_hat)
 
+    @property
+    def cached_energy(self) -> bool:
+        """Whether the energy options (an ``energy`` exit, ``accept_lower_energy``) work in KV-cached
+        decoding: the interaction computes its energy against cached keys (it overrides
+        :meth:`~energyformer.layers.cem_options.Interaction.energy_from_context`; every built-in
+        entry does, a plugin entry may not)."""
+        from energyformer.layers.cem_options import Interaction
+
+        return type(self.interaction).energy_from_context is not Interaction.energy_from_context
+
     def _energy_at(self, g: torch.Tensor, h_hat: torch.Tensor, ctx, cached: bool) -> torch.Tensor | None:
         if cached:  # the new tokens against every cached key (docs/inference_compute.md §4)
             return self.interaction.energy_from_context(g, ctx)

@@ -92,6 +92,14 @@ class GenerationMixin:
         finally:
             self.train(was_training)
 
+    def supports_cached_energy(self) -> bool:
+        """Whether this model's energy options (an exit criterion that reads energies,
+        ``accept_lower_energy``) work in KV-cached decoding: true unless one of its layers says
+        otherwise through a ``cached_energy`` attribute (a CEM attention whose interaction has no
+        energy of a cached context; docs/inference_compute.md §4). ``sample`` decodes without the
+        cache when it is false."""
+        return all(getattr(m, "cached_energy", True) for m in self.modules() if m is not self)
+
     def _generate_list(self, prompts: Sequence[Sequence[int] | torch.Tensor], max_new_tokens: int,
                        opts: dict[str, Any]) -> list[torch.Tensor]:
         """Prompts of any lengths: one batched run per length; each result cut after its stop."""

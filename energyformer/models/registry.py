@@ -15,7 +15,7 @@ code outside this module compares ``arch`` strings:
   :meth:`ArchSpec.check_inference_options`);
 * its parameter-accounting view (``accounting``: ``"totals"``, ``"layers"`` or ``"vs_llama"``,
   :mod:`energyformer.models.accounting`), the stock Hugging Face family its weights can be written as
-  (``hf_family``), and two facts of the decoding path (``cached_energy``, ``exit_per_sub_block``).
+  (``hf_family``), and how its decoding counts exit steps (``exit_per_sub_block``).
 
 A plugin adds an architecture with one call in the module its recipe's ``imports:`` names::
 
@@ -72,9 +72,6 @@ class ArchSpec:
         hf_family: the stock ``transformers`` family its weights can be written as (``"llama"``,
             ``"gpt2"``; ``None``: only as an energyformer folder). :mod:`energyformer.hf.convert` says
             which configs of the family qualify.
-        cached_energy: its energy options (``exit`` criteria that read energies,
-            ``accept_lower_energy``) work with a KV cache; false for CEM (attention has no energy of
-            a cached context, docs/inference_compute.md §4).
         exit_per_sub_block: exit-step counts are per sub-block (CEM: attention and MLP each exit).
 
     Raises:
@@ -91,7 +88,6 @@ class ArchSpec:
     train_keys: frozenset[str] | None = None
     accounting: str = "totals"
     hf_family: str | None = None
-    cached_energy: bool = True
     exit_per_sub_block: bool = False
 
     def __post_init__(self) -> None:
@@ -292,7 +288,7 @@ for _spec in (
     ArchSpec("gpt", "energyformer.models.gpt", "GPT", "GPTConfig", hf_family="gpt2"),
     ArchSpec("nrgpt", "energyformer.models.nrgpt", "NRGPT", "NRGPTConfig"),
     ArchSpec("cem", "energyformer.models.cem", "CEMLlama", "CEMConfig", accounting="vs_llama",
-             hf_family="llama", cached_energy=False, exit_per_sub_block=True),
+             hf_family="llama", exit_per_sub_block=True),
     ArchSpec("llama", "energyformer.models.llama", "Llama", "LlamaConfig", accounting="layers", hf_family="llama"),
     ArchSpec("gpt_rec", "energyformer.models.recurrent_gpt", "RecurrentGPT", "RecurrentGPTConfig"),
     ArchSpec("regressor", "energyformer.models.regression", "SequenceRegressor", "RegressorConfig",

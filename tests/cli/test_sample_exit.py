@@ -47,7 +47,7 @@ def test_sample_with_exit_equals_generate_and_prints_the_steps(runs, capsys, arc
     tok, model = CharTokenizer(CHARS), load_run(runs[arch])[0]
     x = torch.tensor([tok.encode("the ")])
     kw = {"accept_lower_energy": True} if extra else {}
-    want = model.generate(x, 8, temperature=0, n_steps=16, exit=spec, use_cache=arch != "cem", **kw)
+    want = model.generate(x, 8, temperature=0, n_steps=16, exit=spec, **kw)  # KV-cached, CEM's energies too
     steps = model.generated_exit_steps
     assert main(["sample", str(runs[arch]), "--prompt", "the ", "--max-new-tokens", "8", "--temperature", "0",
                  "--exit", spec, "--max-steps", "16", *extra]) == 0
@@ -56,7 +56,24 @@ def test_sample_with_exit_equals_generate_and_prints_the_steps(runs, capsys, arc
     assert f"exit {parse_exit(spec).spec()}, at most 16 steps per token" in err
     assert f"mean {float(steps.float().mean()):.2f} steps per generated token (min {int(steps.min())}, " \
            f"max {int(steps.max())}) over 8 tokens" in err
-    assert ("decoding without the cache" in err) == (arch == "cem")
+    assert "decoding without the cache" not in err and model.supports_cached_energy()
+
+
+def test_sample_decodes_without_the_cache_where_an_interaction_has_no_cached_energy(runs, capsys, monkeypatch):
+    """An interaction without ``energy_from_context`` (a plugin's, say): the model says so and
+    ``sample --monotone`` decodes without the cache, giving the uncached text."""
+    from energyformer.layers.cem_options import Interaction
+
+    model = load_run(runs["cem"])[0]
+    cls = type(model.blocks[0].attn.interaction)
+    monkeypatch.setattr(cls, "energy_from_context", Interaction.energy_from_context)
+    assert not model.supports_cached_energy()
+    tok, x = CharTokenizer(CHARS), torch.tensor([CharTokenizer(CHARS).encode("the ")])
+    want = model.generate(x, 6, temperature=0, n_steps=4, accept_lower_energy=True, use_cache=False)
+    assert main(["sample", str(runs["cem"]), "--prompt", "the ", "--max-new-tokens", "6", "--temperature", "0",
+                 "--n-steps", "4", "--monotone"]) == 0
+    out, err = capsys.readouterr()
+    assert out == tok.decode(want[0].tolist()) + "\n" and "decoding without the cache" in err
 
 
 def test_inspect_with_exit_reports_steps_and_energy_against_loss(runs, tmp_path, capsys):
