@@ -47,6 +47,7 @@ from common import (
     write_results,
 )
 
+from energyformer.energies.heads import causal_blocks
 from energyformer.layers import CEMBlock, GPTBlock, NRGPTBlock
 from energyformer.models.config import default_d_ff
 from energyformer.models.flops import flop_counter
@@ -180,9 +181,12 @@ def build_layers(d: int, h: int, device: str, names: list[str] | None = None) ->
 
 def flops(fn, x) -> float:
     """FLOPs of a forward + backward of ``fn`` at ``x``, counted as ``energyformer.models.flops``
-    counts them (causal attention: the ``N(N+1)/2`` pairs of the mask)."""
+    counts them: causal attention charged for the ``N(N+1)/2`` pairs of its mask, a causal SDPA
+    call and a materialized-scores path alike (the latter counted with one query row per causal
+    block, ``energies.heads.causal_blocks``, so it is bound by the pairs it must compute, not by the
+    rectangle it may compute)."""
     counter = flop_counter()
-    with counter:
+    with counter, causal_blocks(x.shape[1]):
         fn(x).sum().backward()
     return float(counter.get_total_flops())
 

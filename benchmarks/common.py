@@ -29,7 +29,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 #: layer shapes ``(d_model, n_heads, N, B)`` of bench_layers.py (the issue's three CPU shapes, the
 #: GPU shape, and a tiny one for --quick and the tests)
 LAYER_SHAPES: dict[str, list[tuple[int, int, int, int]]] = {
-    "cpu": [(256, 8, 256, 4), (512, 8, 256, 4), (768, 12, 512, 2)],
+    "cpu": [(128, 4, 128, 32), (256, 8, 256, 4), (512, 8, 256, 4), (768, 12, 512, 2)],
     "gpu": [(768, 12, 1024, 16)],
     "tiny": [(64, 4, 32, 2)],
 }

@@ -241,31 +241,104 @@ def diag_shared_grad_sdpa(g: torch.Tensor, ctx: InteractionContext, w_q: torch.T
 def diag_shared_grad_dense(g: torch.Tensor, ctx: InteractionContext, w_q: torch.Tensor, diag: torch.Tensor,
                            n_heads: int, tau: float) -> torch.Tensor:
     """:func:`diag_shared_grad` with the scores materialized (the CPU path, and the CUDA path of
-    augmented heads too wide for the fused kernels), one causal block of query rows at a time
-    (:func:`energyformer.energies.heads.causal_row_blocks`: a block's scores stop at its last
-    row's keys, so the masked upper triangle is mostly never computed).
+    augmented heads too wide for the fused kernels): :class:`_DiagScoresAttention`, one causal
+    block of query rows at a time with a hand-written backward.
 
     The diagonal score is head-independent and its update linear in the weights, so
-    ``Σ_k d ⊙ Σ_j a^k_ij ĥ_j = d ⊙ Σ_j (Σ_k a^k_ij) ĥ_j``. Every per-element pass over the
-    (B, H, n, S) scores costs as much as a small GEMM on CPU, so the scale goes on q and g and the
-    causal −∞ into the head-independent (B, n, S) diagonal scores: one add, then softmax. The
-    scores are held in the compute dtype (bf16 under autocast; the softmax accumulates in float32).
+    ``Σ_k d ⊙ Σ_j a^k_ij ĥ_j = d ⊙ Σ_j (Σ_k a^k_ij) ĥ_j``: the diagonal scores are one (B, n, S)
+    product for every head, and its values one product of the head-summed weights. The scale goes
+    on q and g; the scores are held in the compute dtype (bf16 under autocast; the softmax
+    accumulates in float32).
     """
     scale = 1.0 / tau
     q = _queries(g, w_q, n_heads, ctx)
     dt = q.dtype
-    h, k = ctx.h.to(dt), ctx.k.to(dt)
-    v = k if ctx.v is ctx.k else ctx.v.to(dt)
-    qs, gs = q * scale, g.to(dt) * (diag.to(dt) * scale)
-    allowed = causal_mask(g.shape[1], ctx.length, g.device)
-    ys, sums = [], []
-    for r0, r1, e in causal_row_blocks(g.shape[1], ctx.length):
-        ht = h[:, :e]
-        bias = (gs[:, r0:r1] @ ht.transpose(-1, -2)).masked_fill(~allowed[r0:r1, :e], float("-inf"))
-        a = softmax_low_precision(qs[:, :, r0:r1] @ k[:, :, :e].transpose(-1, -2) + bias[:, None])
-        ys.append(a @ v[:, :, :e])                                      # (B, H, rows, d_h)
-        sums.append(a.sum(1) @ ht)                                      # (B, rows, d)
-    return _lowrank_out(_cat(ys, 2), w_q, ctx) + (-diag.to(dt)) * _cat(sums, 1)
+    k = ctx.k.to(dt)
+    v = None if ctx.v is ctx.k else ctx.v.to(dt)  # None: values are the keys (tied)
+    y, o2 = _DiagScoresAttention.apply(q * scale, k, v, g.to(dt) * (diag.to(dt) * scale), ctx.h.to(dt))
+    return _lowrank_out(y, w_q, ctx) + (-diag.to(dt)) * o2
+
+
+class _DiagScoresAttention(torch.autograd.Function):
+    """Causal attention with materialized scores plus a diagonal term, one block of query rows at a
+    time (:func:`energyformer.energies.heads.causal_row_blocks`: a block stops at its last row's
+    keys, so most of the masked upper triangle is never computed), with a hand-written backward
+    (autograd through per-block slices would allocate and zero a full-size gradient per block and
+    slice). Exact: equal to the per-element reference and to the SDPA path (tested).
+
+    Inputs: scaled queries ``qs`` (B, H, N, d_h), keys ``k`` (B, H, S, d_h), values ``v`` (B, H, S,
+    d_v; ``None`` when they are the keys, tied attention: one tensor is not passed twice, which
+    ``torch.compile`` cannot trace), the scaled diagonal queries ``gq`` — (B, N, d) for
+    one diagonal shared by every head, (B, H, N, d) for one per head — and the context ``h`` (B,
+    S, d); the queries are the last N of S positions. Scores ``s^k_ij = qs_k·k_k + gq·h_j``.
+
+    Returns:
+        ``y`` (B, H, N, d_v) = ``Σ_j a^k_ij v_j`` and ``o2`` = ``Σ_j a^k_ij h_j``: summed over heads,
+        (B, N, d), for a shared diagonal; (B, H, N, d) per head.
+    """
+
+    @staticmethod
+    def forward(ctx, qs, k, v, gq, h):
+        ctx.tied = v is None
+        v = k if v is None else v
+        shared = gq.dim() == 3
+        n, s_len = qs.shape[2], k.shape[2]
+        allowed = causal_mask(n, s_len, qs.device)
+        ys, o2s, weights = [], [], []
+        with torch.autocast(qs.device.type, enabled=False):
+            for r0, r1, e in causal_row_blocks(n, s_len):
+                he, cut = h[:, :e], ~allowed[r0:r1, :e]
+                scores = qs[:, :, r0:r1] @ k[:, :, :e].transpose(-1, -2)
+                if shared:
+                    bias = gq[:, r0:r1] @ he.transpose(-1, -2)           # (B, rows, e), one for every head
+                    scores += bias.masked_fill_(cut, float("-inf"))[:, None]
+                else:
+                    scores += torch.einsum("bhnd,bsd->bhns", gq[:, :, r0:r1], he)
+                    scores.masked_fill_(cut, float("-inf"))
+                a = softmax_low_precision(scores)
+                ys.append(a @ v[:, :, :e])
+                o2s.append(a.sum(1) @ he if shared else torch.einsum("bhns,bsd->bhnd", a, he))
+                weights.append(a)
+        ctx.blocks = causal_row_blocks(n, s_len)
+        ctx.save_for_backward(qs, k, None if ctx.tied else v, gq, h, *weights)
+        return _cat(ys, 2), _cat(o2s, 1 if shared else 2)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy, do2):
+        qs, k, v, gq, h, *weights = ctx.saved_tensors
+        v = k if ctx.tied else v
+        shared = gq.dim() == 3
+        with torch.autocast(qs.device.type, enabled=False):
+            dy = torch.zeros_like(qs[..., :1].expand(*qs.shape[:3], v.shape[-1])) if dy is None else dy.to(qs.dtype)
+            do2 = torch.zeros(*gq.shape, dtype=qs.dtype, device=qs.device) if do2 is None else do2.to(qs.dtype)
+            dqs, dgq = torch.empty_like(qs), torch.empty_like(gq)
+            dk, dh = torch.zeros_like(k), torch.zeros_like(h)
+            dv = dk if ctx.tied else torch.zeros_like(v)
+            for (r0, r1, e), a in zip(ctx.blocks, weights):
+                he, ke = h[:, :e], k[:, :, :e]
+                dyb = dy[:, :, r0:r1]
+                da = dyb @ v[:, :, :e].transpose(-1, -2)                  # ∂L/∂a (B, H, rows, e)
+                dv[:, :, :e] += a.transpose(-1, -2) @ dyb
+                if shared:
+                    do2b = do2[:, r0:r1]
+                    da += (do2b @ he.transpose(-1, -2))[:, None]
+                    dh[:, :e] += a.sum(1).transpose(-1, -2) @ do2b
+                else:
+                    do2b = do2[:, :, r0:r1]
+                    da += torch.einsum("bhnd,bsd->bhns", do2b, he)
+                    dh[:, :e] += torch.einsum("bhns,bhnd->bsd", a, do2b)
+                ds = da.sub_((da * a).sum(-1, keepdim=True)).mul_(a)      # softmax backward: ∂L/∂s
+                dqs[:, :, r0:r1] = ds @ ke
+                dk[:, :, :e] += ds.transpose(-1, -2) @ qs[:, :, r0:r1]
+                if shared:
+                    dbias = ds.sum(1)
+                    dgq[:, r0:r1] = dbias @ he
+                    dh[:, :e] += dbias.transpose(-1, -2) @ gq[:, r0:r1]
+                else:
+                    dgq[:, :, r0:r1] = torch.einsum("bhns,bsd->bhnd", ds, he)
+                    dh[:, :e] += torch.einsum("bhns,bhnd->bsd", ds, gq[:, :, r0:r1])
+        return dqs, dk, None if ctx.tied else dv, dgq, dh
 
 
 def _cat(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
@@ -295,28 +368,17 @@ def diag_per_head_grad_dense(g: torch.Tensor, ctx: InteractionContext, w_q: torc
                              n_heads: int, tau: float) -> torch.Tensor:
     """:func:`diag_per_head_grad` with the scores ``s^k_ij = q_k·k_k + (d_k⊙g_i)·ĥ_j``
     materialized in the compute dtype (bf16 under autocast), one causal block of query rows at a
-    time (:func:`energyformer.energies.heads.causal_row_blocks`): ``−W_Qᵀ Σ_j a_ij v_j − Σ_k d_k
-    ⊙ Σ_j a^k_ij ĥ_j``, (B, N, d). ``ĥ`` is never expanded over heads (one batched product per term).
+    time (:class:`_DiagScoresAttention`): ``−W_Qᵀ Σ_j a_ij v_j − Σ_k d_k ⊙ Σ_j a^k_ij ĥ_j``,
+    (B, N, d). ``ĥ`` is never expanded over heads (one batched product per term).
     """
     scale = 1.0 / tau
     q = _queries(g, w_q, n_heads, ctx)
     dt = q.dtype
-    h, dg, k = ctx.h.to(dt), diag.to(dt), ctx.k.to(dt)
-    v = k if ctx.v is ctx.k else ctx.v.to(dt)
-    qs = q * scale
+    dg, k = diag.to(dt), ctx.k.to(dt)
+    v = None if ctx.v is ctx.k else ctx.v.to(dt)  # None: values are the keys (tied)
     gd = g.to(dt)[:, None] * (dg * scale)[None, :, None, :]          # (B, H, N, d)
-    n = g.shape[1]
-    allowed = causal_mask(n, ctx.length, g.device)
-    ys, o2s = [], []
-    for r0, r1, e in causal_row_blocks(n, ctx.length):
-        ht = h[:, :e]
-        s = qs[:, :, r0:r1] @ k[:, :, :e].transpose(-1, -2) + torch.einsum("bhnd,bsd->bhns", gd[:, :, r0:r1], ht)
-        if n > 1:
-            s = s.masked_fill(~allowed[r0:r1, :e], float("-inf"))
-        a = softmax_low_precision(s)
-        ys.append(a @ v[:, :, :e])
-        o2s.append(torch.einsum("bhns,bsd->bhnd", a, ht))
-    return _lowrank_out(_cat(ys, 2), w_q, ctx) + ((-dg)[None, :, None, :] * _cat(o2s, 2)).sum(1)
+    y, o2 = _DiagScoresAttention.apply(q * scale, k, v, gd, ctx.h.to(dt))
+    return _lowrank_out(y, w_q, ctx) + ((-dg)[None, :, None, :] * o2).sum(1)
 
 
 def _masked_softmax_scores(s: torch.Tensor, n: int, length: int) -> torch.Tensor:

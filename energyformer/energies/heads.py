@@ -22,8 +22,9 @@ import torch
 from energyformer._validate import check_float, check_int
 
 __all__ = ["split_heads", "merge_heads", "rope_cos_sin", "rotate_half", "apply_rope", "rope_matrices",
-           "causal_mask", "causal_row_blocks", "sdpa_causal_kwargs", "FUSED_HEAD_DIM_MAX", "ATTENTION_PATHS",
-           "attention_path", "force_attention_path", "forced_attention_path", "compute_dtype", "softmax_low_precision"]
+           "causal_mask", "causal_blocks", "causal_row_blocks", "sdpa_causal_kwargs", "FUSED_HEAD_DIM_MAX",
+           "ATTENTION_PATHS", "attention_path", "force_attention_path", "forced_attention_path", "compute_dtype",
+           "softmax_low_precision"]
 
 
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -116,6 +117,27 @@ def causal_mask(n_query: int, n_key: int, device: torch.device | str | None = No
 
 #: at most this many query-row blocks, each of at least ``CAUSAL_BLOCK_MIN_ROWS`` rows (:func:`causal_row_blocks`)
 CAUSAL_BLOCKS_MAX, CAUSAL_BLOCK_MIN_ROWS = 4, 32
+
+
+@contextmanager
+def causal_blocks(max_blocks: int, min_rows: int = 1) -> Iterator[None]:
+    """Inside the block, :func:`causal_row_blocks` cuts at most ``max_blocks`` blocks of at least
+    ``min_rows`` rows. ``causal_blocks(N)`` makes every row its own block, so a materialized path
+    computes exactly the ``N(N+1)/2`` causal pairs: how ``benchmarks/bench_layers.py`` counts the
+    FLOPs a path is bound by, the same charge as a causal SDPA call.
+
+    Raises:
+        ValueError: ``max_blocks`` or ``min_rows`` < 1.
+    """
+    global CAUSAL_BLOCKS_MAX, CAUSAL_BLOCK_MIN_ROWS
+    check_int("max_blocks", max_blocks, 1)
+    check_int("min_rows", min_rows, 1)
+    saved = CAUSAL_BLOCKS_MAX, CAUSAL_BLOCK_MIN_ROWS
+    CAUSAL_BLOCKS_MAX, CAUSAL_BLOCK_MIN_ROWS = max_blocks, min_rows
+    try:
+        yield
+    finally:
+        CAUSAL_BLOCKS_MAX, CAUSAL_BLOCK_MIN_ROWS = saved
 
 
 def causal_row_blocks(n_query: int, n_key: int) -> list[tuple[int, int, int]]:

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from energyformer.energies import cem as C
+from energyformer.energies import heads
 from energyformer.energies import nrgpt as E
 from energyformer.energies.heads import force_attention_path, rope_cos_sin
 from energyformer.layers.cem import CEMAttention
@@ -222,11 +223,16 @@ def test_cem_diag_shared_sdpa_equals_dense_with_cached_context(n_new):
 
 
 @pytest.mark.parametrize("N", [1, 7])
-def test_cem_layer_diag_shared_sdpa_equals_dense_for_every_parameter(N):
-    """The layer with its shared diagonal forced through SDPA equals the dense scores (to rounding),
-    output and the gradient of every parameter."""
+@pytest.mark.parametrize("interaction", ["diag_shared", "diag_per_head"])
+@pytest.mark.parametrize("rows", [None, 2])
+def test_cem_layer_diag_shared_sdpa_equals_dense_for_every_parameter(N, interaction, rows, monkeypatch):
+    """The layer with its diagonal (shared or per head, RoPE'd keys so values are not the keys)
+    forced through SDPA equals the dense scores (to rounding), output and the gradient of every
+    parameter; ``rows=2``: the dense path in causal blocks of 2 rows (7 rows: 3 blocks)."""
+    if rows is not None:
+        monkeypatch.setattr(heads, "CAUSAL_BLOCK_MIN_ROWS", rows)
     torch.manual_seed(0)
-    layer = CEMAttention(12, 3, n_steps=2, interaction="diag_shared", rope="exact",
+    layer = CEMAttention(12, 3, n_steps=2, interaction=interaction, rope="exact",
                          preconditioner="diag_lowrank", preconditioner_rank=2).double()
     with torch.no_grad():
         for p in layer.parameters():

@@ -334,3 +334,14 @@ def test_cem_dense_paths_in_several_causal_blocks_equal_sdpa(monkeypatch, n_new,
                   _cem_inputs(n_new, 3, 2, 7, gen, s=s_len))
     inputs = _cem_inputs(n_new, 3, 2, 7, gen, s=s_len, per_head=False)
     _same_fwd_bwd([_cem(C.diag_shared_grad_sdpa, 3), _cem(C.diag_shared_grad_dense, 3)], inputs)
+
+
+def test_causal_blocks_context_sets_the_blocks_and_restores_them():
+    """``causal_blocks(N)``: one row per block (what the benchmark's FLOP count uses), restored after."""
+    before = heads.causal_row_blocks(128, 128)
+    with heads.causal_blocks(128):
+        assert heads.causal_row_blocks(128, 128) == [(i, i + 1, i + 1) for i in range(128)]
+    assert heads.causal_row_blocks(128, 128) == before
+    with pytest.raises(ValueError, match="max_blocks"):
+        with heads.causal_blocks(0):
+            pass
