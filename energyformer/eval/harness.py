@@ -107,6 +107,12 @@ class EnergyformerLM(TemplateLM):
 
     backend = "causal"
 
+    @property
+    def device(self) -> torch.device:
+        """The device the model was opened on (the CPU when a CUDA device was asked for but none is
+        available)."""
+        return self._device
+
     def __init__(self, run: str, batch_size: int | str = 8, device: str = "auto", max_gen_toks: int = 256,
                  prefix_token_id: int | None = None, n_steps: int | None = None, progress: bool | None = None,
                  exit: str | None = None, accept_lower_energy: bool | str = False, **kwargs: Any):

@@ -253,12 +253,11 @@ def _run_task(name: str, lm: Any, num_fewshot: int, limit: int | None, include_p
               device: str, progress: bool | None, manager: Any = None) -> dict[str, Any]:
     """The results of one task of :func:`evaluate_run` on the adapter ``lm``."""
     from energyformer.eval import harness, mmlu
-    from energyformer.utils.device import resolve_device
 
     if name == "val_loss":  # the run the adapter opened: its config and tokenizer
         model = _WithOptions(lm.model, lm.forward_kwargs) if lm.forward_kwargs else lm.model
         res = val_loss(model, lm.run_config.data.path, lm.tokenizer, lm.batch_size,
-                       None if limit is None else limit * lm.max_length, resolve_device(device), progress)
+                       None if limit is None else limit * lm.max_length, lm.device, progress)
         steps = model.steps_used() if isinstance(model, _WithOptions) else None
         return {**res, "steps_per_token": steps} if steps else res
     if name == "mmlu_dev":

@@ -287,3 +287,15 @@ def test_shots_that_do_not_fit_the_context_are_left_out_and_reported(questions):
     assert "4-shot" not in row
     res["shots"] = {"min": 4, "max": 4}
     assert "mmlu_dev (4-shot)" in format_report({"run": "r", "tasks": {"mmlu_dev": res}})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the fallback of a machine without CUDA")
+def test_eval_on_cuda_without_cuda_falls_back_to_the_cpu_for_every_task(tmp_path, capsys):
+    """``--device cuda`` where there is none: the adapter warns and opens the model on the CPU, and
+    val_loss scores on that device too (it resolved the device again and failed)."""
+    data = make_data_dir(tmp_path / "data", chars=CHARS)
+    run = make_run(tmp_path / "run", {"arch": "nrgpt"}, data_dir=data)
+    assert main(["eval", str(run), "--tasks", "val_loss", "--limit", "4", "--device", "cuda",
+                 "--out", str(tmp_path / "report.json")]) == 0
+    assert "evaluating on cpu" in capsys.readouterr().err
+    assert json.loads((tmp_path / "report.json").read_text())["tasks"]["val_loss"]["tokens"] > 0
