@@ -45,9 +45,9 @@ def llama_blockers(config: Any) -> list[str]:
     if not isinstance(config, CEMConfig):
         return []
     c: CEMConfig = config
-    want = {"resolved_attn_n_steps": 1, "resolved_mlp_n_steps": 1, "rope": "llama", "interaction": "lowrank",
+    want = {"attn_n_steps": 1, "mlp_n_steps": 1, "rope": "llama", "interaction": "lowrank",
             "preconditioner": None, "grad_through_norm": False}
-    return [f"{k.replace('resolved_', '')}={getattr(c, k)!r} (needs {v!r})" for k, v in want.items()
+    return [f"{k}={getattr(c, k)!r} (needs {v!r})" for k, v in want.items()
             if getattr(c, k) != v]
 
 
@@ -63,11 +63,11 @@ def to_llama(model: CausalLM) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
         raise ValueError("this model cannot be exported as a stock Llama: " + ", ".join(blockers)
                          + " (docs/cem.md §2)")
     is_cem = isinstance(c, CEMConfig)
-    n_kv = c.n_heads if is_cem else c.resolved_n_kv_heads
+    n_kv = c.n_heads if is_cem else c.n_kv_heads
     hf_config = LlamaConfig(
-        vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.resolved_d_ff,
+        vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff,
         num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads, num_key_value_heads=n_kv,
-        head_dim=c.resolved_head_dim, rms_norm_eps=c.norm_eps, max_position_embeddings=c.block_size,
+        head_dim=c.head_dim, rms_norm_eps=c.norm_eps, max_position_embeddings=c.block_size,
         tie_word_embeddings=c.tie_embeddings, attention_bias=False, mlp_bias=False, hidden_act="silu",
         use_cache=False, **_rope(c.rope_theta))
     sd = {k: v.detach().clone() for k, v in model.state_dict().items()}

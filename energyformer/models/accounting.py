@@ -71,8 +71,8 @@ def _llama_baseline_config(cfg: ModelConfig) -> ModelConfig | None:
     _, llama_cfg_cls = get_arch("llama")
     try:
         return llama_cfg_cls(vocab_size=cfg.vocab_size, block_size=cfg.block_size, d_model=cfg.d_model,
-                             n_layers=cfg.n_layers, n_heads=cfg.n_heads, head_dim=cfg.resolved_head_dim,
-                             d_ff=cfg.resolved_d_ff, rope_theta=cfg.rope_theta, norm_eps=cfg.norm_eps,
+                             n_layers=cfg.n_layers, n_heads=cfg.n_heads, head_dim=cfg.head_dim,
+                             d_ff=cfg.d_ff, rope_theta=cfg.rope_theta, norm_eps=cfg.norm_eps,
                              tie_embeddings=cfg.tie_embeddings)
     except ValueError:  # e.g. an odd head_dim (fine for CEM without RoPE, not for Llama)
         return None
@@ -133,7 +133,7 @@ def parameter_report(cfg: ModelConfig) -> str:
     if c.get("baseline") is not None:
         pl, bl = c["per_layer"], c["baseline"]["per_layer"]
         lines[0] += (f"  vs Llama (d_model={cfg.d_model}, n_heads={cfg.n_heads}, "
-                     f"head_dim={cfg.resolved_head_dim}, d_ff={cfg.resolved_d_ff})")
+                     f"head_dim={cfg.head_dim}, d_ff={cfg.d_ff})")
         rows = [(f"per layer: {label} {group.replace('_', ' ')}", n, bl[sub].get(group, 0))
                 for sub, label in (("attn", "attention"), ("mlp", "MLP"))
                 for group, n in pl[sub].items() if group != "total"]

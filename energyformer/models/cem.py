@@ -26,6 +26,7 @@ from energyformer.layers.monotone import DEFAULT_MAX_HALVINGS
 from energyformer.layers.step_maps import STEP_MAPS
 from energyformer.models.base import LlamaStyleLM
 from energyformer.models.config import LlamaShapeConfig
+from energyformer.utils.derived import Rule
 
 
 @dataclass
@@ -44,6 +45,7 @@ class CEMConfig(LlamaShapeConfig):
     """
 
     arch: ClassVar[str] = "cem"
+    derived: ClassVar[dict[str, Rule]] = {"attn_n_steps": lambda c: c.n_steps, "mlp_n_steps": lambda c: c.n_steps}
     n_steps: int = 1
     attn_n_steps: int | None = None
     mlp_n_steps: int | None = None
@@ -59,17 +61,19 @@ class CEMConfig(LlamaShapeConfig):
     preconditioner_rank: int = 8
     grad_through_norm: bool = False
 
+    def check_inputs(self) -> None:
+        super().check_inputs()
+        check_int("n_steps", self.n_steps, 1)
+
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_int("n_steps", self.n_steps, 1)
         for name in ("attn_n_steps", "mlp_n_steps"):
-            if getattr(self, name) is not None:
-                check_int(name, getattr(self, name), 1)
+            check_int(name, getattr(self, name), 1)
         for name in ("attn_step_size", "mlp_step_size"):
             if getattr(self, name) is not None:
                 check_float(name, getattr(self, name), 0.0, strict=True)
         INTERACTIONS.get(self.interaction).check_options(d_model=self.d_model, n_heads=self.n_heads,
-                                                         head_dim=self.resolved_head_dim, rope=self.rope)
+                                                         head_dim=self.head_dim, rope=self.rope)
         check_float("rope_theta", self.rope_theta, 0.0, strict=True)
         MLP_TIES.check(self.mlp_tie)
         check_int("preconditioner_rank", self.preconditioner_rank, 1)
@@ -78,14 +82,6 @@ class CEMConfig(LlamaShapeConfig):
                 d_model=self.d_model, rank=self.preconditioner_rank, rank_name="preconditioner_rank")
         if self.preconditioner is not None and (self.attn_step_size is not None or self.mlp_step_size is not None):
             raise ValueError("attn_step_size/mlp_step_size must be None with a preconditioner (η ≡ 1, docs/cem.md §6)")
-
-    @property
-    def resolved_attn_n_steps(self) -> int:
-        return self.attn_n_steps if self.attn_n_steps is not None else self.n_steps
-
-    @property
-    def resolved_mlp_n_steps(self) -> int:
-        return self.mlp_n_steps if self.mlp_n_steps is not None else self.n_steps
 
 
 class CEMLlama(LlamaStyleLM):
@@ -144,8 +140,8 @@ class CEMLlama(LlamaStyleLM):
 
 def cem_block(c: CEMConfig) -> CEMBlock:
     """One CEM layer (attention then gated-MLP descent steps) with every option of ``c``."""
-    return CEMBlock(c.d_model, c.n_heads, c.resolved_d_ff, head_dim=c.head_dim,
-                    attn_n_steps=c.resolved_attn_n_steps, mlp_n_steps=c.resolved_mlp_n_steps,
+    return CEMBlock(c.d_model, c.n_heads, c.d_ff, head_dim=c.head_dim,
+                    attn_n_steps=c.attn_n_steps, mlp_n_steps=c.mlp_n_steps,
                     attn_step_size=c.attn_step_size, mlp_step_size=c.mlp_step_size,
                     interaction=c.interaction, rope=c.rope, rope_theta=c.rope_theta, mlp_tie=c.mlp_tie,
                     preconditioner=c.preconditioner, preconditioner_rank=c.preconditioner_rank,

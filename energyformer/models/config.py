@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
 from energyformer._validate import check_choice, check_float, check_int, check_width
+from energyformer.utils.derived import Rule, fill_derived
 
 __all__ = ["ModelConfig", "GPTShapeConfig", "LlamaShapeConfig", "default_d_ff", "INFERENCE_OPTIONS",
            "forward_options"]
@@ -39,11 +40,20 @@ class ModelConfig:
     """Fields every model config has. Subclasses add their own and call ``super().__post_init__()``.
 
     ``arch`` names the registry entry (see ``energyformer.models.registry``).
+
+    Derived defaults (``d_ff`` from ``d_model``, ...) are declared once per class in ``derived``
+    (field -> rule, :mod:`energyformer.utils.derived`) and filled in one step, here: ``__post_init__``
+    checks the common fields, then :meth:`check_inputs` (the fields the rules read), then fills every
+    derived field left at its default (:func:`~energyformer.utils.derived.fill_derived`); a
+    subclass's ``__post_init__`` checks the rest after ``super().__post_init__()``. A built config
+    therefore holds concrete values only, and so do the configs it saves.
     """
 
     arch: ClassVar[str] = ""
     #: old key -> new key, for recipes written before a rename; see :meth:`upgrade_dict`.
     renamed_keys: ClassVar[dict[str, str]] = {}
+    #: derived field -> rule (its value when left at its default), in order; a subclass lists its own
+    derived: ClassVar[dict[str, Rule]] = {}
     vocab_size: int = 65
     block_size: int = 256
 
@@ -58,6 +68,16 @@ class ModelConfig:
         for f in fields(self):  # every bool field holds a bool (YAML "yes" or 1 is refused by name)
             if f.type in ("bool", bool) and not isinstance(getattr(self, f.name), bool):
                 raise ValueError(f"{f.name}={getattr(self, f.name)!r} must be true or false")
+        self.check_inputs()
+        fill_derived(self)
+
+    def check_inputs(self) -> None:
+        """Validate the fields the ``derived`` rules read (a subclass with rules extends this and calls
+        ``super().check_inputs()``), so that a rule never sees an invalid value.
+
+        Raises:
+            ValueError: one line naming the field.
+        """
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict with ``arch`` first: what recipes and checkpoints store."""
@@ -104,6 +124,7 @@ class GPTShapeConfig(ModelConfig):
     """Fields shared by GPT and the recurrent GPT baselines. ``d_ff`` defaults to ``4·d_model``;
     ``activation`` is ``"relu"`` (the NRGPT reference code) or ``"gelu"`` (GPT-2)."""
 
+    derived: ClassVar[dict[str, Rule]] = {"d_ff": lambda c: 4 * c.d_model}
     d_model: int = 128
     n_heads: int = 4
     d_ff: int | None = None
@@ -111,11 +132,12 @@ class GPTShapeConfig(ModelConfig):
     activation: str = "relu"
     bias: bool = True
 
+    def check_inputs(self) -> None:
+        super().check_inputs()
+        check_width(self.d_model, self.n_heads)
+
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_width(self.d_model, self.n_heads)
-        if self.d_ff is None:
-            self.d_ff = 4 * self.d_model
         check_int("d_ff", self.d_ff, 1)
         check_float("dropout", self.dropout, 0.0, maximum=0.999)
         check_choice("activation", self.activation, ("relu", "gelu"))
@@ -131,9 +153,11 @@ class LlamaShapeConfig(ModelConfig):
     """Shape fields shared by Llama and CEM-Llama (which is compared against it layer by layer).
 
     ``head_dim`` defaults to ``d_model // n_heads`` (then ``n_heads`` must divide ``d_model``)
-    and ``d_ff`` to :func:`default_d_ff`; ``resolved_*`` give the values in use.
+    and ``d_ff`` to :func:`default_d_ff`.
     """
 
+    derived: ClassVar[dict[str, Rule]] = {"head_dim": lambda c: c.d_model // c.n_heads,
+                                          "d_ff": lambda c: default_d_ff(c.d_model)}
     d_model: int = 128
     n_layers: int = 4
     n_heads: int = 4
@@ -143,19 +167,13 @@ class LlamaShapeConfig(ModelConfig):
     tie_embeddings: bool = False
     init_std: float = 0.02
 
+    def check_inputs(self) -> None:
+        super().check_inputs()
+        check_width(self.d_model, self.n_heads, self.head_dim)
+
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_width(self.d_model, self.n_heads, self.head_dim)
         check_int("n_layers", self.n_layers, 1)
-        if self.d_ff is not None:
-            check_int("d_ff", self.d_ff, 1)
+        check_int("d_ff", self.d_ff, 1)
         check_float("norm_eps", self.norm_eps, 0.0, strict=True)
         check_float("init_std", self.init_std, 0.0, strict=True)
-
-    @property
-    def resolved_head_dim(self) -> int:
-        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
-
-    @property
-    def resolved_d_ff(self) -> int:
-        return self.d_ff if self.d_ff is not None else default_d_ff(self.d_model)

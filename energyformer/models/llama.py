@@ -17,6 +17,7 @@ from energyformer._validate import check_divides, check_float, check_int
 from energyformer.layers.baseline import LlamaBlock
 from energyformer.models.base import LlamaStyleLM
 from energyformer.models.config import LlamaShapeConfig
+from energyformer.utils.derived import Rule
 
 
 @dataclass
@@ -24,21 +25,17 @@ class LlamaConfig(LlamaShapeConfig):
     """Llama hyper-parameters. ``n_kv_heads`` (GQA) defaults to ``n_heads``; ``head_dim`` to ``d_model // n_heads``."""
 
     arch: ClassVar[str] = "llama"
+    derived: ClassVar[dict[str, Rule]] = {"n_kv_heads": lambda c: c.n_heads}
     n_kv_heads: int | None = None
     rope_theta: float = 10000.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.resolved_head_dim % 2:
-            raise ValueError(f"head_dim={self.resolved_head_dim} must be even for RoPE")
-        if self.n_kv_heads is not None:
-            check_int("n_kv_heads", self.n_kv_heads, 1)
-            check_divides("n_kv_heads", self.n_kv_heads, "n_heads", self.n_heads)
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
+        check_int("n_kv_heads", self.n_kv_heads, 1)
+        check_divides("n_kv_heads", self.n_kv_heads, "n_heads", self.n_heads)
         check_float("rope_theta", self.rope_theta, 0.0, strict=True)
-
-    @property
-    def resolved_n_kv_heads(self) -> int:
-        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
 
 
 class Llama(LlamaStyleLM):
@@ -47,5 +44,5 @@ class Llama(LlamaStyleLM):
     embed_name, layers_name = "embed_tokens", "layers"
 
     def make_layer(self, c: LlamaConfig) -> LlamaBlock:
-        return LlamaBlock(c.d_model, c.n_heads, c.resolved_n_kv_heads, c.resolved_head_dim, c.resolved_d_ff,
+        return LlamaBlock(c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff,
                           c.rope_theta, c.norm_eps)

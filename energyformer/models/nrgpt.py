@@ -33,6 +33,7 @@ from energyformer.layers.nrgpt_recurrent import NRGPTRecurrent
 from energyformer.layers.step_maps import STEP_MAPS
 from energyformer.models.base import LearnedPositionLM
 from energyformer.models.config import ModelConfig
+from energyformer.utils.derived import Rule
 
 PRESETS = (None, "reference", "reference_listops")
 
@@ -41,9 +42,10 @@ PRESETS = (None, "reference", "reference_listops")
 class NRGPTConfig(ModelConfig):
     """NRGPT hyper-parameters (docs/nrgpt.md, defaults per docs/choices.md).
 
-    Fields whose default depends on ``preset`` are resolved in ``__post_init__`` and hold the
+    Derived fields (``derived``, filled in one step by ``ModelConfig.__post_init__``) hold the
     concrete value afterwards (so ``to_dict``/``from_dict`` round-trip):
 
+    * ``d_ff``: ``None`` → ``4·d_model``; ``head_dim``: ``None`` → ``d_model // n_heads``.
     * ``mask``: ``None`` → ``"strict"`` (paper); ``"inclusive"`` for ``preset="reference"``.
     * ``norm``: ``"auto"`` → ``"layernorm"``; ``"layernorm_frozen"`` for the reference presets.
       ``None`` or ``"none"`` means *no* normalization (``g = x``).
@@ -71,6 +73,15 @@ class NRGPTConfig(ModelConfig):
 
     arch: ClassVar[str] = "nrgpt"
     renamed_keys: ClassVar[dict[str, str]] = {"step_size": "eta_param"}
+    derived: ClassVar[dict[str, Rule]] = {
+        "d_ff": lambda c: 4 * c.d_model,
+        "head_dim": lambda c: c.d_model // c.n_heads,
+        "beta": lambda c: NRGPT_ATTENTIONS.get(c.attention).default_beta(c.head_dim),
+        "learn_alpha": lambda c: c.preset is None,
+        "mask": lambda c: "inclusive" if c.preset == "reference" else "strict",
+        "norm": lambda c: "layernorm_frozen" if c.preset is not None else "layernorm",  # sentinel "auto"
+        "c_init": lambda c: STEP_MAPS.get(c.eta_param, "eta_param").default_scale,
+    }
     d_model: int = 128
     n_heads: int = 4
     n_steps: int = 6
@@ -89,39 +100,27 @@ class NRGPTConfig(ModelConfig):
     per_step_scale: bool = False
     preset: str | None = None
 
+    def check_inputs(self) -> None:
+        super().check_inputs()
+        check_choice("preset", self.preset, PRESETS)
+        check_width(self.d_model, self.n_heads)
+        if self.head_dim is not None:  # read by beta's rule
+            check_int("head_dim", self.head_dim, 1)
+
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_choice("preset", self.preset, PRESETS)
-        ref = self.preset is not None
-        check_width(self.d_model, self.n_heads)
         check_int("n_steps", self.n_steps, 1)
         FF_ENERGIES.check(self.ff)
-        if self.d_ff is None:
-            self.d_ff = 4 * self.d_model
         check_int("d_ff", self.d_ff, 1)
         check_float("dropout", self.dropout, 0.0, maximum=0.999)
-        attention_cls = NRGPT_ATTENTIONS.get(self.attention)
-        if self.head_dim is None:
-            self.head_dim = self.d_model // self.n_heads
-        check_int("head_dim", self.head_dim, 1)
-        if self.beta is None:
-            self.beta = attention_cls.default_beta(self.head_dim)
         self.beta = check_float("beta", self.beta, 0.0, strict=True)
-        if self.learn_alpha is None:
-            self.learn_alpha = not ref
         if not isinstance(self.learn_alpha, bool):
             raise ValueError(f"learn_alpha={self.learn_alpha!r} must be true or false")
-        if self.mask is None:
-            self.mask = "inclusive" if self.preset == "reference" else "strict"
         check_choice("mask", self.mask, MASKS)
-        if self.norm == "auto":
-            self.norm = "layernorm_frozen" if ref else "layernorm"
         canonical_norm(self.norm)
-        eta_cls = STEP_MAPS.get(self.eta_param, "eta_param")
-        if self.c_init is None:
-            self.c_init = eta_cls.default_scale
-        eta_cls.check_options(d_model=self.d_model, scale=self.c_init, rank=self.eta_rank, rank_name="eta_rank",
-                              scale_name="c_init", has_norm_weight=self.norm not in (None, "none"))
+        STEP_MAPS.get(self.eta_param, "eta_param").check_options(
+            d_model=self.d_model, scale=self.c_init, rank=self.eta_rank, rank_name="eta_rank", scale_name="c_init",
+            has_norm_weight=self.norm not in (None, "none"))
 
     @classmethod
     def reference(cls, task: str = "lm", **overrides: Any) -> NRGPTConfig:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import dataclass, fields
 from functools import cached_property
 from typing import Any
 
@@ -39,6 +39,7 @@ import torch.nn as nn
 
 from energyformer.models.base import CausalLM
 from energyformer.models.config import INFERENCE_OPTIONS, ModelConfig, forward_options
+from energyformer.utils.derived import given_values
 
 __all__ = ["ArchSpec", "ARCH_SPECS", "ARCHS", "LANGUAGE_MODELS", "INFERENCE_OPTIONS", "LM_TRAIN_LOOP",
            "register_arch", "unregister_arch", "get_spec", "get_arch", "inference_options", "config_from_dict",
@@ -329,21 +330,12 @@ def config_from_dict(d: dict[str, Any]) -> ModelConfig:
 
 
 def given_fields(cfg: ModelConfig) -> dict[str, Any]:
-    """``cfg.to_dict()`` without the fields its config class derived: a field whose dataclass default
-    is ``None`` (filled in from other fields, e.g. ``d_ff`` from ``d_model``) and whose value is what
-    the class derives when it is left out. Building a config from the result with other values of
-    the fields it derives from re-derives them (a value equal to the derived one counts as derived)."""
-    d = cfg.to_dict()
-    for f in fields(cfg):
-        if f.default is None and f.default_factory is MISSING and d.get(f.name) is not None:
-            trial = {k: v for k, v in d.items() if k != f.name}
-            try:
-                derived = getattr(type(cfg).from_dict(trial), f.name)
-            except ValueError:
-                continue
-            if derived == d[f.name]:
-                d.pop(f.name)
-    return d
+    """``cfg.to_dict()`` without the derived fields (its class's ``derived`` rules, ``d_ff`` from
+    ``d_model``, ...) whose value is what their rule gives for ``cfg``
+    (:func:`~energyformer.utils.derived.given_values`). Building a config from the result with other
+    values of the fields they derive from derives them again (a value equal to the derived one counts
+    as derived)."""
+    return {"arch": cfg.arch, **given_values(cfg)}
 
 
 def build_model(spec: ModelConfig | dict[str, Any], **overrides: Any) -> nn.Module:

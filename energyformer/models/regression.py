@@ -57,8 +57,8 @@ class RegressorConfig(CEMConfig):
         check_int("x_dim", self.x_dim, 1)
         check_int("block_size", self.block_size, 2)
         check_choice("backbone", self.backbone, BACKBONES)
-        if self.resolved_head_dim % 2:
-            raise ValueError(f"head_dim={self.resolved_head_dim} must be even for RoPE")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
 
 
 class SequenceRegressor(CausalLM):
@@ -71,7 +71,7 @@ class SequenceRegressor(CausalLM):
         if c.backbone == "cem":
             blocks = [cem_block(c) for _ in range(c.n_layers)]
         else:
-            blocks = [LlamaBlock(c.d_model, c.n_heads, c.n_heads, c.resolved_head_dim, c.resolved_d_ff, c.rope_theta,
+            blocks = [LlamaBlock(c.d_model, c.n_heads, c.n_heads, c.head_dim, c.d_ff, c.rope_theta,
                                  c.norm_eps) for _ in range(c.n_layers)]
         self.blocks = nn.ModuleList(blocks)
         self.norm = RMSNorm(c.d_model, eps=c.norm_eps)

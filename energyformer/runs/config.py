@@ -30,7 +30,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
@@ -39,6 +39,7 @@ from energyformer.models.base import ModelConfig
 from energyformer.models.registry import ARCHS, get_arch
 from energyformer.runs.parser import ArgParser, type_name
 from energyformer.runs.recipe import deep_merge, read_recipe
+from energyformer.utils.derived import Rule, fill_derived
 from energyformer.utils.io import atomic_write_text
 from energyformer.utils.plugins import load_plugins
 
@@ -52,8 +53,6 @@ FSDP_CHECKPOINTS = ("sharded", "full")
 DEPTH_SAMPLER_KEYS = {"fixed": (), "poisson_lognormal": ("depth_mean", "depth_max"),
                       "uniform": ("depth_min", "depth_max")}
 DEPTH_SAMPLERS = tuple(DEPTH_SAMPLER_KEYS)
-# TrainConfig fields whose None default is derived from another field (kept on resume unless given)
-DERIVED_TRAIN_KEYS = ("min_lr", "lr_decay_steps", "ckpt_interval", "cooldown_steps")
 #: how a run draws its depth (docs/training.md, randomized depth): a resume keeps the run's values unless given
 DEPTH_TRAIN_KEYS = ("depth_sampler", "depth_mean", "depth_min", "depth_max", "backprop_steps")
 DEFAULT_OUT_DIR = "out/run"  # when there is no recipe file to name the run after
@@ -106,8 +105,10 @@ class TrainConfig:
     beta2 0.99, weight decay 0.1 on >= 2-D parameters, grad clip 1.0, linear warmup then cosine
     decay to ``min_lr`` (``lr_schedule="exponential"`` gives the NRGPT scripts' exponential decay).
 
-    ``None`` defaults are resolved here: ``min_lr`` → ``learning_rate / 10``, ``lr_decay_steps`` →
-    ``max_steps``, ``ckpt_interval`` → ``eval_interval``. ``compile=None`` means "on for CUDA, off
+    ``None`` defaults are derived (the ``derived`` rules, filled in one step after the fields they
+    read are checked): ``min_lr`` → ``learning_rate / 10``, ``lr_decay_steps`` → ``max_steps``,
+    ``cooldown_steps`` → a tenth of ``lr_decay_steps`` with ``wsd`` (else 0), ``ckpt_interval`` →
+    ``eval_interval``. ``compile=None`` means "on for CUDA, off
     otherwise" and ``device="auto"`` means CUDA when available, else CPU; both are decided when
     training starts. ``resume`` is ``"auto"`` (continue from a complete checkpoint in ``out_dir``
     if there is one), ``"never"`` (start fresh, overwriting) or the path of a run directory to
@@ -182,6 +183,13 @@ class TrainConfig:
         ValueError: any value out of range or of the wrong type, naming the option.
     """
 
+    #: derived field -> rule (its value when left null), in order (:mod:`energyformer.utils.derived`)
+    derived: ClassVar[dict[str, Rule]] = {
+        "min_lr": lambda c: c.learning_rate / 10,
+        "lr_decay_steps": lambda c: c.max_steps,
+        "cooldown_steps": lambda c: c.lr_decay_steps // 10 if c.lr_schedule == "wsd" else 0,
+        "ckpt_interval": lambda c: c.eval_interval,
+    }
     out_dir: str = DEFAULT_OUT_DIR
     max_steps: int = 2000
     batch_size: int = 32
@@ -222,25 +230,24 @@ class TrainConfig:
     backprop_steps: int | None = None
 
     def __post_init__(self) -> None:
+        # the fields the derived rules read, then the one resolution step, then the rest
         _check_nonempty_str("train.out_dir", self.out_dir)
         check_int("train.max_steps", self.max_steps, 0)
         check_int("train.batch_size", self.batch_size, 1)
         check_int("train.grad_accum_steps", self.grad_accum_steps, 1)
         check_float("train.learning_rate", self.learning_rate, 0.0, strict=True)
-        if self.min_lr is None:
-            self.min_lr = self.learning_rate / 10
-        check_float("train.min_lr", self.min_lr, 0.0, maximum=self.learning_rate)
         check_choice("train.lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        if self.lr_decay_steps is not None:  # read by cooldown_steps' rule
+            check_int("train.lr_decay_steps", self.lr_decay_steps, 0)
+        check_int("train.eval_interval", self.eval_interval, 1)
+        fill_derived(self)
+        check_float("train.min_lr", self.min_lr, 0.0, maximum=self.learning_rate)
         if self.lr_schedule == "exponential" and self.min_lr <= 0:
             raise ValueError("train.min_lr must be > 0 with train.lr_schedule='exponential'")
         check_int("train.warmup_steps", self.warmup_steps, 0)
-        if self.lr_decay_steps is None:
-            self.lr_decay_steps = self.max_steps
         # lr_decay_steps < warmup_steps is allowed (short test runs): lr_at then warms up and
         # jumps to min_lr after warmup
         check_int("train.lr_decay_steps", self.lr_decay_steps, 0)
-        if self.cooldown_steps is None:
-            self.cooldown_steps = self.lr_decay_steps // 10 if self.lr_schedule == "wsd" else 0
         check_int("train.cooldown_steps", self.cooldown_steps, 0)
         if self.cooldown_steps and self.lr_schedule != "wsd":
             raise ValueError(f"train.cooldown_steps={self.cooldown_steps} needs train.lr_schedule='wsd' "
@@ -249,11 +256,8 @@ class TrainConfig:
         check_float("train.beta1", self.beta1, 0.0, maximum=0.999999)
         check_float("train.beta2", self.beta2, 0.0, maximum=0.999999)
         check_float("train.grad_clip", self.grad_clip, 0.0)
-        check_int("train.eval_interval", self.eval_interval, 1)
         check_int("train.eval_iters", self.eval_iters, 1)
         check_int("train.log_interval", self.log_interval, 1)
-        if self.ckpt_interval is None:
-            self.ckpt_interval = self.eval_interval
         check_int("train.ckpt_interval", self.ckpt_interval, 1)
         check_int("train.seed", self.seed, 0)
         _check_nonempty_str("train.resume", self.resume)
@@ -312,6 +316,10 @@ class TrainConfig:
     def sequences_per_step(self) -> int:
         """Sequences per optimizer step: ``batch_size * grad_accum_steps``."""
         return self.batch_size * self.grad_accum_steps
+
+
+#: TrainConfig fields whose None default is derived from other fields (kept on resume unless given)
+DERIVED_TRAIN_KEYS = tuple(TrainConfig.derived)
 
 
 def _check_device(device: Any) -> str:

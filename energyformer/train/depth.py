@@ -89,7 +89,7 @@ def check_supported(model_cfg: Any, tc: TrainConfig) -> None:
         raise ValueError(f"train.depth_sampler={tc.depth_sampler!r} cannot train a {model_cfg.arch.upper()} model "
                          "with model.per_step_scale=true (one factor per trained step); use "
                          "train.depth_sampler 'fixed' or model.per_step_scale false")
-    attn, mlp = (getattr(model_cfg, f"resolved_{k}_n_steps", None) for k in ("attn", "mlp"))
+    attn, mlp = (getattr(model_cfg, f"{k}_n_steps", None) for k in ("attn", "mlp"))
     if attn != mlp:
         raise ValueError(f"train.depth_sampler={tc.depth_sampler!r} draws one recursion depth for both "
                          f"sub-blocks, but model.attn_n_steps={attn} and model.mlp_n_steps={mlp} differ; give "

@@ -28,9 +28,10 @@ Resuming is exact: the checkpoint holds the optimizer state, the torch/numpy/pyt
 (of every rank), the state of the batch stream's ``torch.Generator`` and that of the depth
 sampler's; evaluation draws its
 batches from its own freshly seeded generators and never touches those states. So N steps +
-resume for N more reproduces a 2N-step run. A resume keeps the run's resolved schedule
-(``lr_decay_steps``, ``min_lr``, ``ckpt_interval``) unless a value is given explicitly, and
-says what changed.
+resume for N more reproduces a 2N-step run. A resume keeps the run's derived values (the
+schedule's ``lr_decay_steps``, ``min_lr``, ``cooldown_steps``, ``ckpt_interval``; the model's
+``d_ff``, ``head_dim``, ...) unless a value is given explicitly, compares only the model values
+given with the run's, and says what changed.
 
 Fine-tuning is a fresh run that starts from another run's weights (``train.init_from``): step
 0, a new optimizer and schedule. A run directory without a train state (``energyformer
@@ -220,9 +221,11 @@ def _choose_start(run_cfg: RunConfig, data: _Data, info: dist.DistInfo, say: Cal
         saved = preflight.check_resumable(resume_dir, run_cfg, data.identity, data.meta)
         tc = preflight.keep_init_from(saved.train, tc, resume_dir, explicit)
         tc, notes = preflight.resolve_resumed_train(saved.train, tc, explicit)
+        model, model_notes = preflight.resolve_resumed_model(saved.model, run_cfg.model)
+        notes = "; ".join(n for n in (notes, model_notes) if n)
         state = ckpt.load_train_state(resume_dir)
         say(f"resuming from {resume_dir} at step {int(state['step'])}" + (f"; {notes}" if notes else ""))
-        return dataclasses.replace(run_cfg, train=tc), _Start(state=state, resume_dir=resume_dir)
+        return dataclasses.replace(run_cfg, model=model, train=tc), _Start(state=state, resume_dir=resume_dir)
     if tc.init_from is not None:
         init_dir = preflight.check_init_from(Path(tc.init_from), run_cfg, data.meta, out_dir)
         say(f"starting from the weights of {init_dir} ({ckpt.weights_path(init_dir)})")

@@ -18,11 +18,13 @@ from typing import Any
 
 import torch
 
+from energyformer.models.config import ModelConfig
 from energyformer.models.registry import build_model
 from energyformer.runs import checkpoint as ckpt
 from energyformer.runs import rundir, sharded
 from energyformer.runs.config import DEPTH_TRAIN_KEYS, DERIVED_TRAIN_KEYS, RunConfig, TrainConfig
 from energyformer.train import distributed as dist
+from energyformer.utils.derived import derived_rules, given_values
 
 # train settings whose change on resume is not worth a word (where and how, not what)
 _QUIET_ON_RESUME = ("out_dir", "resume", "device", "num_threads", "compile", "tensorboard")
@@ -187,9 +189,19 @@ def check_init_from(init_dir: Path, run_cfg: RunConfig, meta: dict[str, Any], ou
     return init_dir
 
 
+def given_keys(cfg: Any, explicit: frozenset[str] | None) -> set[str]:
+    """The fields of the config ``cfg`` a resume compares with the run's: the keys ``explicit`` names
+    (what the recipe or the command line gave) and every field but the derived ones that ``cfg`` left
+    to their rule (:func:`~energyformer.utils.derived.given_values`). The derived ones left out are
+    the run's to keep."""
+    return set(given_values(cfg)) | set(explicit or ())
+
+
 def check_resumable(run_dir: Path, run_cfg: RunConfig, identity: dict[str, Any], meta: dict[str, Any]) -> RunConfig:
     """The saved run config, after checking that the data (first: a changed vocabulary changes
-    the model's vocab_size too) and the model are the run's."""
+    the model's vocab_size too) and the model are the run's: the model values this run was given
+    (:func:`given_keys`: every value but the derived ones left to their rule) must be the run's; the
+    derived values it left to their rule are the run's (:func:`resolve_resumed_model`)."""
     from energyformer.data import identity_change, vocab_identity
 
     saved = rundir.read_run_config(run_dir)
@@ -202,33 +214,45 @@ def check_resumable(run_dir: Path, run_cfg: RunConfig, identity: dict[str, Any],
             raise ValueError(f"the data in {str(run_cfg.data.path)!r} differ from the data run {str(run_dir)!r} "
                              f"was trained on: {change}; resume on the same data, or use --train.resume never "
                              "to start over or another --train.out_dir")
-    if saved.model != run_cfg.model:
-        a, b = saved.model.to_dict(), run_cfg.model.to_dict()
-        diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+    a, b = saved.model.to_dict(), run_cfg.model.to_dict()
+    compared = {"arch"} | given_keys(run_cfg.model, (run_cfg.explicit or {}).get("model"))
+    diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if k in compared and a.get(k) != b.get(k)}
+    if diff:
         raise ValueError(f"{str(run_dir)!r} holds a checkpoint of a different model (saved vs now: {diff}); "
                          "use --train.resume never to start over or choose another --train.out_dir")
     return saved
+
+
+def resolve_resumed_model(saved: ModelConfig, new: ModelConfig) -> tuple[ModelConfig, str]:
+    """The model config a resumed run continues with (the run's: :func:`check_resumable` has checked
+    that it has every value ``new`` was given), and the derived values it keeps that ``new`` would have
+    derived otherwise (e.g. after a change of the rule), in words."""
+    kept = [f"model.{k}={getattr(saved, k)}" for k in derived_rules(type(saved))
+            if getattr(saved, k) != getattr(new, k, None)]
+    return saved, ("kept the run's " + ", ".join(kept) if kept else "")
 
 
 def resolve_resumed_train(saved: TrainConfig, new: TrainConfig, explicit: frozenset[str] | None
                           ) -> tuple[TrainConfig, str]:
     """The train config a resumed run continues with, and what changed, in words.
 
-    The run's derived values (``DERIVED_TRAIN_KEYS``: ``lr_decay_steps``, ``min_lr``,
-    ``ckpt_interval``) and its depth sampler (``DEPTH_TRAIN_KEYS``) are kept unless ``explicit``
-    (the keys given by the recipe or the command line; ``None``: unknown, keep ``new`` as it is)
-    names them, so raising ``max_steps`` neither re-derives the learning-rate schedule nor turns a
-    randomized-depth run into a fixed-depth one.
+    The run's derived values (``TrainConfig.derived``: ``min_lr``, ``lr_decay_steps``,
+    ``cooldown_steps``, ``ckpt_interval``) are kept unless given: named by ``explicit`` (the keys given
+    by the recipe or the command line) or set in ``new`` away from what their rule derives
+    (:func:`given_keys`; the only test when ``explicit`` is ``None``, a config built in Python). The
+    run's depth sampler (``DEPTH_TRAIN_KEYS``) is kept unless ``explicit`` names one of its keys
+    (``None``: unknown, ``new``'s stays). So raising ``max_steps`` neither re-derives the
+    learning-rate schedule nor turns a randomized-depth run into a fixed-depth one; the words compare
+    what ``new`` gave with the run's values.
 
     Raises:
         ValueError: the kept values are invalid with the new ones (e.g. ``min_lr`` above a
             lowered ``learning_rate``): the message names the key to give.
     """
-    kept = {}
-    if explicit is not None:
-        depth = () if explicit & set(DEPTH_TRAIN_KEYS) else DEPTH_TRAIN_KEYS  # the sampler's keys go together
-        kept = {k: getattr(saved, k) for k in DERIVED_TRAIN_KEYS + depth
-                if k not in explicit and getattr(saved, k) != getattr(new, k)}
+    given = given_keys(new, explicit)
+    depth = () if explicit is None or explicit & set(DEPTH_TRAIN_KEYS) else DEPTH_TRAIN_KEYS  # kept together
+    kept = {k: getattr(saved, k) for k in DERIVED_TRAIN_KEYS if k not in given and getattr(saved, k) != getattr(new, k)}
+    kept.update({k: getattr(saved, k) for k in depth if getattr(saved, k) != getattr(new, k)})
     try:
         resolved = dataclasses.replace(new, **kept)
     except ValueError as e:

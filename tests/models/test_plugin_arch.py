@@ -42,11 +42,10 @@ class ToyStepsConfig(ModelConfig):
     d_model: int = 16
     n_steps: int = 2
     d_ff: int | None = None
+    derived: ClassVar[dict] = {"d_ff": lambda c: 2 * c.d_model}  # filled by ModelConfig.__post_init__
 
     def __post_init__(self):
         super().__post_init__()
-        if self.d_ff is None:
-            self.d_ff = 2 * self.d_model
         check_int("d_ff", self.d_ff, 1)
 
 

@@ -13,6 +13,7 @@ import yaml
 from energyformer import build_model
 from energyformer.runs.config import DataConfig, RunConfig, TrainConfig, load_config, save_config
 from energyformer.runs.recipe import read_recipe
+from energyformer.utils import derived
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "configs").rglob("*.yaml"))
@@ -185,7 +186,7 @@ def test_dataclass_defaults_validate():
 def test_optional_fields_from_strings():
     cem = ROOT / "configs/shakespeare_char/cem.yaml"
     for spelling in ("null", "None", "none", "~"):
-        assert load_config(cem, ["--model.head_dim", spelling]).model.head_dim is None
+        assert load_config(cem, ["--model.head_dim", spelling]).model.head_dim == 128 // 4  # null: derived
         assert load_config(cem, ["--model.rope", spelling]).model.rope is None  # `--model.rope none`
     assert load_config(cem, ["--model.head_dim", "16"]).model.head_dim == 16
     assert load_config(cem, ["--model.rope", "llama"]).model.rope == "llama"
@@ -282,7 +283,7 @@ CEM_ABLATIONS = {  # recipe -> the model fields in which it differs from cem.yam
 def test_cem_ablations_differ_from_cem_only_in_their_option(name):
     base = load_config(ROOT / "configs/shakespeare_char/cem.yaml", default_vocab_size=65)
     cfg = load_config(ROOT / f"configs/shakespeare_char/{name}.yaml", default_vocab_size=65)
-    assert cfg.model == dataclasses.replace(base.model, **CEM_ABLATIONS[name])
+    assert cfg.model == derived.replace(base.model, **CEM_ABLATIONS[name])  # n_steps: attn/mlp_n_steps follow
     assert cfg.data == base.data
     assert cfg.train == dataclasses.replace(base.train, out_dir=f"out/{name}")
     assert read_recipe(ROOT / f"configs/shakespeare_char/{name}.yaml")["train"].get("out_dir") is None
