@@ -93,7 +93,7 @@ def test_goals_and_check_name_each_miss_with_its_numbers(bench, capsys):
 
 def test_shape_registry(bench):
     c = bench["common"]
-    assert c.LAYER_SHAPES["cpu"] == [(256, 8, 256, 4), (512, 8, 256, 4), (768, 12, 512, 2)]
+    assert c.LAYER_SHAPES["cpu"] == [(128, 4, 128, 32), (256, 8, 256, 4), (512, 8, 256, 4), (768, 12, 512, 2)]
     assert c.LAYER_SHAPES["gpu"] == [(768, 12, 1024, 16)]
     gpu = c.MODEL_SHAPES["gpu"]
     assert (gpu.d_model, gpu.n_heads, gpu.block_size, gpu.batch_size) == (768, 12, 1024, 16)
