@@ -24,6 +24,7 @@ Goals (issue 10; ``--check`` exits 1 naming each miss with its numbers):
     python benchmarks/bench_layers.py --quick              # 3 repeats at the tiny shape (smoke)
     python benchmarks/bench_layers.py --check              # exit 1 when a goal is missed (for the record)
     python benchmarks/bench_layers.py --rows "cem T=2,reference"   # some rows (and their peers) only
+    python benchmarks/bench_layers.py --rows cem --shape 128,4,128,32 --shape 256,8,256,4   # some shapes only
     python benchmarks/bench_layers.py --profile "cem diag_shared" --profile-shape 256,8,256,4
 
 Writes benchmarks/results/bench_layers[-<shapes>]-<device>.json (environment, settings, every row).
@@ -282,6 +283,8 @@ def main(argv=None) -> int:
                    help="print the torch.profiler table of this row (name or unique part of it) and exit")
     p.add_argument("--profile-shape", default=None, metavar="d,H,N,B",
                    help="shape of --profile (default: the first shape of --shapes)")
+    p.add_argument("--shape", action="append", default=None, metavar="d,H,N,B",
+                   help="this shape instead of --shapes' (repeatable), e.g. --shape 128,4,128,32")
     p.add_argument("--out", default=None,
                    help="JSON path (default benchmarks/results/bench_layers[-<shapes>]-<device>.json)")
     args = p.parse_args(argv)
@@ -296,9 +299,11 @@ def main(argv=None) -> int:
         return 0
     repeats = 3 if args.quick else args.repeats
     names = select_rows(args.rows.split(",") if args.rows else None)
-    rows = [r for shape in LAYER_SHAPES[shapes_name] for r in bench_shape(*shape, repeats, args.device, names)]
+    shapes = [parse_shape(s) for s in args.shape] if args.shape else LAYER_SHAPES[shapes_name]
+    rows = [r for shape in shapes for r in bench_shape(*shape, repeats, args.device, names)]
     print(format_table(rows))
-    tag = "" if shapes_name == "cpu" else shapes_name
+    tag = "" if shapes_name == "cpu" and not args.shape else (
+        "-".join("x".join(map(str, s)) for s in shapes) if args.shape else shapes_name)
     write_results(args.out or default_out("bench_layers", args.device, tag), args.device,
                   {**vars(args), "shapes": shapes_name, "repeats": repeats}, rows, script="bench_layers")
     return check_exit(rows, args.check)
