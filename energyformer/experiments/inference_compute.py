@@ -30,7 +30,8 @@ falling past its mean training depth (the loss at 8 steps or more below the loss
 the seeds' spread), and an exit criterion that saves ≥ 30% of the steps at ≤ 0.01 nats.
 
 Budget (idle 2-core CPU): 8 training runs of 5,000 steps ≈ 3 CPU-hours with ``--jobs 2``, and the
-evaluation ≈ 5 minutes per model. ``--quick``: the docstring corpus, d_model 16, 20 steps.
+evaluation ≈ 5 minutes per fixed-depth model and ≈ 15 per randomized-depth one (its exits run up to 16
+steps; every measurement is cached, :func:`evaluation`). ``--quick``: the docstring corpus, d_model 16, 20 steps.
 """
 from __future__ import annotations
 
@@ -63,13 +64,15 @@ DEPTHS: dict[str, dict[str, Any]] = {
 REF_STEPS, MAX_STEPS = 4, 16
 EVAL_SEED, EVAL_BATCHES = 0, 16
 TOLERANCE, SAVED_TARGET = 0.01, 0.30
-#: criterion -> thresholds tried (loosest first); energy and grad apply to the energy models only
+#: criterion -> thresholds tried (loosest first), spanning from firing at the first step to never firing
+#: at 4 steps (measured on energy_descent's NRGPT: rel 1 exits at step 1, rel 0.3 never; kl 1 at 2.2
+#: steps of 4, kl 0.03 at 3.9); energy and grad apply to the energy models only
 THRESHOLDS: dict[str, tuple[float, ...]] = {
-    "abs": (0.3, 0.1, 0.03),
-    "rel": (0.1, 0.03, 0.01),
-    "kl": (1e-2, 1e-3, 1e-4),
-    "energy": (1e-1, 1e-2, 1e-3),
-    "grad": (1.0, 0.3, 0.1),
+    "abs": (10.0, 3.0, 1.0, 0.3, 0.1),
+    "rel": (1.0, 0.3, 0.1, 0.03, 0.01),
+    "kl": (1.0, 1e-1, 1e-2, 1e-3, 1e-4),
+    "energy": (10.0, 1.0, 1e-1, 1e-2),
+    "grad": (30.0, 10.0, 3.0, 1.0, 0.3),
 }
 ENERGY_CRITERIA = ("energy", "grad")
 DEFAULT_SEEDS = 2
@@ -182,22 +185,41 @@ def thresholds(ctx: ex.Context, name: str) -> tuple[float, ...]:
 
 
 def _eval_settings(ctx: ex.Context, label: str, depth: str, where) -> dict[str, Any]:
-    """What an evaluation of ``where`` depends on: the settings of :func:`evaluate_model` and the
-    sha256 of the run's weights (a cached evaluation is reused only when all of them are equal)."""
+    """What every number of an evaluation of ``where`` depends on: the evaluation windows, the
+    steps at inference and the sha256 of the run's weights (a cached evaluation is reused only when
+    all of them are equal). The exit thresholds are not here: each ``criterion:threshold@cap``
+    entry is cached on its own, so a grid extended later computes only its new entries."""
     from energyformer.experiments.scoring import WEIGHTS_FILE, file_sha256
 
-    caps = [REF_STEPS] + ([max_steps(ctx)] if DEPTHS[depth] else [])
-    return {"label": label, "depth": depth, "max_steps": max_steps(ctx), "caps": caps,
-            "thresholds": {name: list(thresholds(ctx, name)) for name in criteria(label)},
+    return {"label": label, "depth": depth, "max_steps": max_steps(ctx),
             "eval_seed": EVAL_SEED, "eval_batches": 2 if ctx.quick else EVAL_BATCHES, "quick": ctx.quick,
             "weights_sha256": file_sha256(Path(where) / WEIGHTS_FILE)}
 
 
+def exit_specs(ctx: ex.Context, label: str, depth: str) -> dict[str, tuple[str, float, int]]:
+    """The exits evaluated for a model: ``"name:threshold@cap" -> (name, threshold, cap)`` for every
+    criterion of :func:`criteria`, threshold of :func:`thresholds` and cap (at most
+    :data:`REF_STEPS` steps; and :func:`max_steps` for a randomized-depth model)."""
+    caps = (REF_STEPS,) + ((max_steps(ctx),) if DEPTHS[depth] else ())
+    return {f"{name}:{t:g}@{cap}": (name, t, cap)
+            for cap in caps for name in criteria(label) for t in thresholds(ctx, name)}
+
+
 def evaluation(ctx: ex.Context, label: str, depth: str, where) -> dict[str, Any]:
-    """:func:`evaluate_model` of one trained model, read from ``<results>/inference_compute/evals/
-    <run>.json`` when that was computed with the same settings on the same weights, else computed
-    and written there (so an interrupted or repeated table, or a second process evaluating finished
-    runs while others train, never evaluates a model twice). The convergence test is read fresh."""
+    """Every measurement of one trained model (module docstring, items 1–3), cached in
+    ``<results>/inference_compute/evals/<run>.json``: what was computed with the same settings on
+    the same weights is read back, only what is missing is computed (each exit entry on its own),
+    and the file is rewritten after each piece — so an interrupted or repeated table, a second
+    process evaluating finished runs while others train, or a longer threshold grid never computes
+    a number twice. The convergence test is read fresh.
+
+    Returns:
+        ``{"label", "depth", "k" (1 … max steps), "loss" (at each k), "exit" ({spec: {"loss",
+        "mean_steps", "criterion", "threshold", "max_steps"}} for :func:`exit_specs`),
+        "energy_loss" (NRGPT), "convergence"}``.
+    """
+    from energyformer.data import load_split
+    from energyformer.runs.rundir import load_run
     from energyformer.utils.io import atomic_write_json
 
     path = ctx.out / EVALS_DIR / f"{Path(where).name}.json"
@@ -206,33 +228,42 @@ def evaluation(ctx: ex.Context, label: str, depth: str, where) -> dict[str, Any]
         saved = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         saved = {}
-    if saved.get("settings") != settings:
-        saved = {"settings": settings, "result": evaluate_model(ctx, label, depth, where)}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, saved)
-    return {**saved["result"], "convergence": conv.convergence(where)}
-
-
-def evaluate_model(ctx: ex.Context, label: str, depth: str, where) -> dict[str, Any]:
-    """Every measurement of one trained model (module docstring, items 1–3), uncached (see
-    :func:`evaluation`)."""
-    from energyformer.data import load_split
-    from energyformer.runs.rundir import load_run
-
+    result = saved.get("result", {}) if saved.get("settings") == settings else {}
+    result.setdefault("exit", {})
+    specs = exit_specs(ctx, label, depth)
+    energy = FAMILIES[label][1] is not None
+    todo_exits = [spec for spec in specs if spec not in result["exit"]]
+    if "loss" in result and not todo_exits and (not energy or "energy_loss" in result):
+        return _selected(result, specs, where)
     model, run_cfg, _ = load_run(where)
     val = np.asarray(load_split(run_cfg.data.path, "val"), dtype=np.int64)
     batches = _batches(val, 4 if ctx.quick else run_cfg.train.batch_size, run_cfg.model.block_size,
                        2 if ctx.quick else EVAL_BATCHES)
-    ks = list(range(1, max_steps(ctx) + 1))
-    out: dict[str, Any] = {"label": label, "depth": depth, "k": ks,
-                           "loss": [evaluate(model, batches, n_steps=k)["loss"] for k in ks]}
-    caps = (REF_STEPS,) + ((max_steps(ctx),) if DEPTHS[depth] else ())
-    out["exit"] = {f"{name}:{t:g}@{cap}": {**evaluate(model, batches, n_steps=cap, exit=f"{name}:{t:g}"),
-                                            "criterion": name, "threshold": t, "max_steps": cap}
-                   for cap in caps for name in criteria(label) for t in thresholds(ctx, name)}
-    if FAMILIES[label][1] is not None:
-        out["energy_loss"] = energy_loss_correlation(model, batches[:4])
-    return out
+
+    def keep() -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, {"settings": settings, "result": result})
+
+    if "loss" not in result:
+        ks = list(range(1, max_steps(ctx) + 1))
+        result.update(label=label, depth=depth, k=ks, loss=[evaluate(model, batches, n_steps=k)["loss"] for k in ks])
+        keep()
+    for spec in todo_exits:
+        name, t, cap = specs[spec]
+        result["exit"][spec] = {**evaluate(model, batches, n_steps=cap, exit=f"{name}:{t:g}"),
+                                "criterion": name, "threshold": t, "max_steps": cap}
+        keep()
+    if energy and "energy_loss" not in result:
+        result["energy_loss"] = energy_loss_correlation(model, batches[:4])
+        keep()
+    return _selected(result, specs, where)
+
+
+def _selected(result: dict[str, Any], specs, where) -> dict[str, Any]:
+    """``result`` with only the exit entries of ``specs`` (a cache may hold more) and a fresh
+    convergence test."""
+    return {**result, "exit": {spec: result["exit"][spec] for spec in specs},
+            "convergence": conv.convergence(where)}
 
 
 def steps_saved(entry: dict[str, Any], criterion: str) -> dict[str, Any] | None:

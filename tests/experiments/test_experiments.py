@@ -299,9 +299,9 @@ def test_a_pending_sweep_does_not_hold_back_another_sweeps_runs(tmp_path, monkey
     assert "main_s1" not in ctx.pending
 
 
-def test_inference_compute_evaluation_is_cached_per_run_and_weights(tmp_path, monkeypatch):
-    """A model's evaluation is computed once and read back; new weights (or other settings) compute it
-    again; the convergence test is always read fresh."""
+def test_inference_compute_evaluation_is_cached_per_entry_and_weights(tmp_path, monkeypatch):
+    """A model's evaluation is computed once and read back; a longer threshold grid computes only its
+    new exit entries; new weights compute everything again; the convergence test is read fresh."""
     from energyformer.experiments import inference_compute as ic
     from energyformer.experiments.scoring import WEIGHTS_FILE
 
@@ -309,15 +309,45 @@ def test_inference_compute_evaluation_is_cached_per_run_and_weights(tmp_path, mo
     run = tmp_path / "runs" / "nrgpt_full_random_s1"
     run.mkdir(parents=True)
     (run / WEIGHTS_FILE).write_bytes(b"weights 1")
-    calls = []
-    monkeypatch.setattr(ic, "evaluate_model",
-                        lambda ctx, label, depth, where: calls.append(1) or {"loss": [len(calls)]})
+    calls = {"load": 0, "eval": [], "corr": 0}
+
+    class Run:
+        class data:
+            path = str(tmp_path)
+
+        class train:
+            batch_size = 2
+
+        class model:
+            block_size = 4
+
+    def load_run(where):
+        calls["load"] += 1
+        return None, Run, None
+
+    monkeypatch.setattr("energyformer.runs.rundir.load_run", load_run)
+    monkeypatch.setattr("energyformer.data.load_split", lambda path, split: list(range(100)))
+    monkeypatch.setattr(ic, "evaluate", lambda model, batches, **kw: calls["eval"].append(kw) or
+                        {"loss": 2.0, "mean_steps": float(kw["n_steps"])})
+    monkeypatch.setattr(ic, "energy_loss_correlation", lambda model, b: calls.__setitem__("corr", calls["corr"] + 1)
+                        or {"pearson": 0.1, "spearman": 0.2, "tokens": 8})
     monkeypatch.setattr(ic.conv, "convergence", lambda where: {"verdict": "fresh"})
+    monkeypatch.setattr(ic, "THRESHOLDS",
+                        {"abs": (1.0,), "rel": (0.1,), "kl": (0.01,), "energy": (1.0,), "grad": (1.0,)})
     label, depth = "NRGPT free η", "random (mean 4)"
     first = ic.evaluation(ctx, label, depth, run)
-    assert first == {"loss": [1], "convergence": {"verdict": "fresh"}} and len(calls) == 1
+    n_k, n_exits = ic.MAX_STEPS, 5 * 2  # 5 criteria at caps 4 and 16
+    assert len(calls["eval"]) == n_k + n_exits and calls["corr"] == 1
+    assert set(first["exit"]) == set(ic.exit_specs(ctx, label, depth)) and first["convergence"] == {"verdict": "fresh"}
     assert (ctx.out / ic.EVALS_DIR / f"{run.name}.json").is_file()
-    assert ic.evaluation(ctx, label, depth, run)["loss"] == [1] and len(calls) == 1  # read back
+    assert ic.evaluation(ctx, label, depth, run)["loss"] == first["loss"] and len(calls["eval"]) == n_k + n_exits
+    assert calls["load"] == 1  # read back without loading the model
+    monkeypatch.setattr(ic, "THRESHOLDS", {**ic.THRESHOLDS, "kl": (0.1, 0.01)})
+    longer = ic.evaluation(ctx, label, depth, run)
+    assert len(calls["eval"]) == n_k + n_exits + 2  # kl:0.1 at both caps, nothing else
+    assert {"kl:0.1@4", "kl:0.1@16", "kl:0.01@4"} <= set(longer["exit"]) and calls["corr"] == 1
+    monkeypatch.setattr(ic, "THRESHOLDS", {**ic.THRESHOLDS, "kl": (0.01,)})
+    assert "kl:0.1@4" not in ic.evaluation(ctx, label, depth, run)["exit"]  # only the grid asked for
     (run / WEIGHTS_FILE).write_bytes(b"weights 2")  # same size, other bytes: the sha256 tells
-    assert ic.evaluation(ctx, label, depth, run)["loss"] == [2] and len(calls) == 2
-    assert ic.evaluation(ctx, label, "fixed 4", run)["loss"] == [3]  # other settings (no cap at 16)
+    ic.evaluation(ctx, label, depth, run)
+    assert len(calls["eval"]) == 2 * (n_k + n_exits) + 2 and calls["corr"] == 2
