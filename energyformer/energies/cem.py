@@ -285,8 +285,9 @@ class _DiagScoresAttention(torch.autograd.Function):
         n, s_len = qs.shape[2], k.shape[2]
         allowed = causal_mask(n, s_len, qs.device)
         ys, o2s, weights = [], [], []
+        ctx.blocks = causal_row_blocks(n, s_len)
         with torch.autocast(qs.device.type, enabled=False):
-            for r0, r1, e in causal_row_blocks(n, s_len):
+            for r0, r1, e in ctx.blocks:
                 he, cut = h[:, :e], ~allowed[r0:r1, :e]
                 scores = qs[:, :, r0:r1] @ k[:, :, :e].transpose(-1, -2)
                 if shared:
@@ -299,7 +300,6 @@ class _DiagScoresAttention(torch.autograd.Function):
                 ys.append(a @ v[:, :, :e])
                 o2s.append(a.sum(1) @ he if shared else torch.einsum("bhns,bsd->bhnd", a, he))
                 weights.append(a)
-        ctx.blocks = causal_row_blocks(n, s_len)
         ctx.save_for_backward(qs, k, None if ctx.tied else v, gq, h, *weights)
         return _cat(ys, 2), _cat(o2s, 1 if shared else 2)
 
@@ -310,8 +310,8 @@ class _DiagScoresAttention(torch.autograd.Function):
         v = k if ctx.tied else v
         shared = gq.dim() == 3
         with torch.autocast(qs.device.type, enabled=False):
-            dy = torch.zeros_like(qs[..., :1].expand(*qs.shape[:3], v.shape[-1])) if dy is None else dy.to(qs.dtype)
-            do2 = torch.zeros(*gq.shape, dtype=qs.dtype, device=qs.device) if do2 is None else do2.to(qs.dtype)
+            dy = qs.new_zeros(*qs.shape[:3], v.shape[-1]) if dy is None else dy.to(qs.dtype)
+            do2 = qs.new_zeros(gq.shape) if do2 is None else do2.to(qs.dtype)
             dqs, dgq = torch.empty_like(qs), torch.empty_like(gq)
             dk, dh = torch.zeros_like(k), torch.zeros_like(h)
             dv = dk if ctx.tied else torch.zeros_like(v)
