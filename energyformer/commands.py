@@ -220,7 +220,7 @@ def train(recipe: str, overrides: Sequence[str] = (), progress: bool | None = No
         SystemExit: ``--help`` among the overrides (after printing every key of the recipe).
     """
     from energyformer.runs.config import load_config
-    from energyformer.runs.rundir import CONFIG_FILE
+    from energyformer.runs.rundir import CONFIG_FILE, load_run_plugins
     from energyformer.train import train as run_training
     from energyformer.train.loop import train_on_hint
     from energyformer.utils.bundled import did_you_mean, find_recipe
@@ -230,8 +230,35 @@ def train(recipe: str, overrides: Sequence[str] = (), progress: bool | None = No
         raise ValueError(f"{recipe!r} is a run directory, not a recipe YAML file; {train_on_hint(recipe)}")
     if not Path(recipe).exists() and did_you_mean(recipe):  # a mistyped bundled recipe
         raise FileNotFoundError(f"config file {recipe!r} does not exist{did_you_mean(recipe)}")
+    for run_dir in _run_dirs_opened(recipe, overrides):  # a plugin arch the recipe names without its imports
+        load_run_plugins(run_dir)
     run_cfg = load_config(recipe, overrides, resolve_vocab=True, imports=imports)  # recorded after the recipe's
     return run_training(run_cfg, progress=progress)
+
+
+def _run_dirs_opened(recipe: str, overrides: Sequence[str]) -> list[str]:
+    """The run directories a ``train`` of ``recipe`` with ``overrides`` may read a config from: the
+    ``train.out_dir`` it resumes (with ``train.resume auto``), the run ``train.resume`` names, the
+    run ``train.init_from`` names. Their plugins are imported before the recipe is read, so that a
+    run trained with ``--import MODULE`` resumes without it. A recipe that does not read is left to
+    ``load_config`` to report."""
+    from energyformer.runs.recipe import read_recipe
+
+    try:
+        section = read_recipe(recipe).get("train")
+    except (OSError, ValueError):
+        return []
+    train = dict(section) if isinstance(section, dict) else {}
+    train.setdefault("out_dir", f"out/{Path(recipe).stem}")  # load_config's default
+    for i, tok in enumerate(overrides):  # the last value of each --train.KEY wins, as in the parser
+        name, eq, value = tok.partition("=")
+        key = name.replace("-", "_").removeprefix("__train.")
+        if name.startswith("--") and key in ("out_dir", "resume", "init_from") and (eq or i + 1 < len(overrides)):
+            train[key] = value if eq else overrides[i + 1]
+    resume = train.get("resume", "auto")
+    dirs = [train["out_dir"] if resume == "auto" else None, resume if resume not in ("auto", "never") else None,
+            train.get("init_from")]
+    return [d for d in dirs if isinstance(d, str) and d]
 
 
 def _run_ref(run_dir: str) -> tuple[str, str | None]:

@@ -32,7 +32,7 @@ import torch
 
 from energyformer.models.registry import LANGUAGE_MODELS, get_spec
 from energyformer.runs.checkpoint import find_checkpoint, load_checkpoint_weights
-from energyformer.runs.config import RunConfig, load_config, save_config
+from energyformer.runs.config import IMPORTS_KEY, RunConfig, load_config, save_config
 from energyformer.runs.layout import (  # noqa: F401
     CONFIG_FILE,
     LOCK_FILE,
@@ -43,7 +43,9 @@ from energyformer.runs.layout import (  # noqa: F401
     SUMMARY_FILE,
     WEIGHTS_FILE,
 )
+from energyformer.runs.recipe import read_yaml_mapping
 from energyformer.utils.io import atomic_write_json, read_json_object
+from energyformer.utils.plugins import check_imports, load_plugins
 
 
 class RunDirLockedError(ValueError):
@@ -207,6 +209,32 @@ def read_run_config(run_dir: str | Path) -> RunConfig:
         ValueError: the config does not load (see ``load_config``).
     """
     return load_config(run_config_path(run_dir))
+
+
+def run_imports(run_dir: str | Path) -> list[str]:
+    """The plugin modules a run directory's ``config.yaml`` names (``imports:``), read without building
+    its model (``[]`` where there is no ``config.yaml`` or it names none).
+
+    Raises:
+        ValueError: the file is not valid YAML, or its ``imports`` are not a list of module names.
+    """
+    path = Path(run_dir) / CONFIG_FILE
+    return check_imports(read_yaml_mapping(path).get(IMPORTS_KEY)) if path.is_file() else []
+
+
+def load_run_plugins(run_dir: str | Path) -> list[str]:
+    """Import the plugin modules of a run directory (:func:`run_imports`), so that a config naming its
+    architecture or options can be read before the run's own ``config.yaml`` is: a resumed ``train``
+    whose recipe or command line does not repeat them (``read_run_config`` imports them by itself).
+
+    Returns:
+        the module names.
+
+    Raises:
+        ValueError: as :func:`run_imports`; a module that fails to import
+            (:class:`~energyformer.utils.plugins.PluginError`).
+    """
+    return load_plugins(run_imports(run_dir))
 
 
 def read_run_meta(run_dir: str | Path, run_cfg: RunConfig | None = None) -> dict[str, Any]:

@@ -67,6 +67,7 @@ from energyformer.train.optim import build_optimizer, lr_at
 from energyformer.train.parallelize import parallelize
 from energyformer.train.preflight import resolve_resumed_train, train_on_hint
 from energyformer.utils.device import autocast_context, configure_backends, resolve_dtype
+from energyformer.utils.plugins import check_imports
 
 __all__ = ["train", "TrainingDivergedError", "CheckpointWriteError", "peak_flops", "resolve_resumed_train",
            "train_on_hint"]
@@ -225,11 +226,14 @@ def _choose_start(run_cfg: RunConfig, data: _Data, info: dist.DistInfo, say: Cal
         notes = "; ".join(n for n in (notes, model_notes) if n)
         state = ckpt.load_train_state(resume_dir)
         say(f"resuming from {resume_dir} at step {int(state['step'])}" + (f"; {notes}" if notes else ""))
-        return dataclasses.replace(run_cfg, model=model, train=tc), _Start(state=state, resume_dir=resume_dir)
+        imports = check_imports(saved.imports, run_cfg.imports)  # the run's plugins stay recorded
+        return (dataclasses.replace(run_cfg, model=model, train=tc, imports=imports),
+                _Start(state=state, resume_dir=resume_dir))
     if tc.init_from is not None:
         init_dir = preflight.check_init_from(Path(tc.init_from), run_cfg, data.meta, out_dir)
         say(f"starting from the weights of {init_dir} ({ckpt.weights_path(init_dir)})")
-        return run_cfg, _Start(init_dir=init_dir)
+        imports = check_imports(rundir.run_imports(init_dir), run_cfg.imports)  # its model needs its plugins
+        return dataclasses.replace(run_cfg, imports=imports), _Start(init_dir=init_dir)
     return run_cfg, _Start()
 
 

@@ -148,6 +148,36 @@ def test_a_plugin_arch_trains_samples_and_exports_in_process(plugin, tmp_path):
     torch.testing.assert_close(hf(ids).logits, model(ids)[0])
 
 
+def _forget_plugin():
+    """As in a fresh process: the arch unregistered, its modules not imported."""
+    registry.unregister_arch(ARCH)
+    for m in (MODULE, "toy_steps_model"):
+        sys.modules.pop(m, None)
+
+
+def test_a_run_trained_with_import_resumes_and_fine_tunes_without_it(plugin, tmp_path, capsys):
+    """``--import`` is recorded in the run's config.yaml; a later ``train`` of a recipe that does not
+    name the plugin imports the run's plugins first (resuming train.out_dir, or train.init_from)."""
+    from energyformer.cli import main
+
+    data = write_data(tmp_path)
+    run, tuned = tmp_path / "run", tmp_path / "tuned"
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"model": MODEL, "data": {"data_dir": str(data)},
+                                      "train": {**TRAIN, "max_steps": 4, "out_dir": str(run)}}))
+    assert main(["--import", MODULE, "train", str(recipe)]) == 0
+    _forget_plugin()
+    assert main(["train", str(recipe), "--train.max_steps", "6"]) == 0, capsys.readouterr().err
+    assert "resumed from step 4" in capsys.readouterr().out
+    assert yaml.safe_load((run / "config.yaml").read_text())["imports"] == [MODULE]  # still recorded
+    _forget_plugin()
+    assert main(["train", str(recipe), "--train.init_from", str(run), "--train.out-dir", str(tuned),
+                 "--train.max_steps", "2"]) == 0, capsys.readouterr().err
+    assert yaml.safe_load((tuned / "config.yaml").read_text())["imports"] == [MODULE]
+    _forget_plugin()
+    assert main(["sample", str(tuned), "--prompt", "the", "--max-new-tokens", "2"]) == 0
+
+
 def test_an_unregistered_arch_is_one_line_naming_the_registered_ones():
     with pytest.raises(ValueError, match=r"model.arch='toy_steps' is not valid; expected one of 'gpt', "):
         registry.get_spec(ARCH)
