@@ -19,8 +19,9 @@ Each command's flags are built from its function's signature and docstring
 (:class:`energyformer.runs.parser.ArgParser`: ``-`` or ``_`` in flag names, a boolean flag alone
 means true, ``inf``/``nan`` are numbers); ``train`` and ``info`` hand their ``--section.key
 value`` overrides to the run-config parser (``energyformer.runs.config.load_config``).
-``--import MODULE`` (repeatable) imports a plugin module before the command runs; ``train``
-records it in the run's config.yaml (``imports:``) so later commands on the run import it too.
+``--import MODULE`` (repeatable, before or after the command) imports a plugin module before the
+command runs; ``train`` records it in the run's config.yaml (``imports:``) so later commands on
+the run import it too.
 
 User errors (bad options, missing files, data errors) print one line ``error: <message>`` and
 exit with status 2; ``--debug`` (anywhere on the command line) shows the traceback too.
@@ -92,7 +93,8 @@ def build_parser() -> ArgParser:
     parser.add_argument("--version", action="version", version=f"energyformer {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     parser.add_argument("--import", dest="imports", action="append", type=str, default=[], metavar="MODULE",
-                        help="import this plugin module first (repeatable); train records it in the run's config")
+                        help="import this plugin module first (repeatable, also after the command); train "
+                             "records it in the run's config")
     subcommands = parser.add_subcommands(dest="command", required=True)
     for name, (fn, _) in COMMANDS.items():
         sub = cmd.prepare_parser() if name == "prepare" else _command_parser(name, fn)
@@ -102,12 +104,38 @@ def build_parser() -> ArgParser:
     return parser
 
 
+def _split_imports(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``(argv without its --import MODULE tokens, the modules in order)``: ``--import`` is taken
+    anywhere on the command line, before the command or after it (as ``--debug``).
+
+    Raises:
+        ValueError: an ``--import`` at the end, without its module.
+    """
+    rest: list[str] = []
+    modules: list[str] = []
+    i = 0
+    while i < len(argv):
+        name, eq, value = argv[i].partition("=")
+        if name != "--import":
+            rest.append(argv[i])
+        elif eq:
+            modules.append(value)
+        elif i + 1 < len(argv):
+            modules.append(argv[i + 1])
+            i += 1
+        else:
+            raise ValueError("--import needs a value (a module name, e.g. --import my_options)")
+        i += 1
+    return rest, modules
+
+
 def _parse(argv: Sequence[str]) -> tuple[str, dict[str, Any], list[str]]:
-    ns = build_parser().parse_args(list(argv))
+    argv, imports = _split_imports(argv)
+    ns = build_parser().parse_args(argv)
     kwargs = ns[ns.command].as_dict()
     if ns.command == "prepare":  # {"name": "gp", "gp": {...}} → name="gp", the gp options
         kwargs = {"name": kwargs["name"], **kwargs[kwargs["name"]]}
-    return ns.command, kwargs, list(ns.imports)
+    return ns.command, kwargs, imports
 
 
 def parse_command_line(argv: Sequence[str]) -> tuple[str, dict[str, Any]]:

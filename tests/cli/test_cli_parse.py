@@ -138,6 +138,26 @@ def test_import_flag_loads_the_plugin_and_the_run_records_it(plugin, capsys):
     assert (plugin / "mark").read_text() == "my_plugin_mod"
 
 
+def test_import_flag_after_the_command_is_the_same(plugin, capsys):
+    """``--import MODULE`` is taken after the command too (it was read as an unknown ``--import_``)."""
+    data = make_data_dir(plugin / "data")
+    recipe = plugin / "r.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "model": {"arch": "gpt", "d_model": 16, "n_layers": 1, "n_heads": 2, "block_size": 8},
+        "data": {"data_dir": str(data)},
+        "train": {"out_dir": str(plugin / "run"), "max_steps": 1, "batch_size": 2, "eval_interval": 1,
+                  "eval_iters": 1, "warmup_steps": 0, "device": "cpu"}}))
+    assert main(["train", str(recipe), "--import", "my_plugin_mod", "--train.max_steps", "1"]) == 0
+    assert (plugin / "mark").read_text() == "my_plugin_mod"
+    assert yaml.safe_load((plugin / "run" / "config.yaml").read_text())["imports"] == ["my_plugin_mod"]
+    capsys.readouterr()
+    assert main(["info", str(recipe), "--import=no_such_plugin_xyz"]) == 2
+    assert "'no_such_plugin_xyz'" in capsys.readouterr().err
+    for argv in (["info", str(recipe), "--import"], ["--import"]):
+        assert main(argv) == 2
+        assert capsys.readouterr().err == "error: --import needs a value (a module name, e.g. --import my_options)\n"
+
+
 def test_unknown_plugin_is_one_error_line(capsys):
     assert main(["--import", "no_such_plugin_xyz", "info", "missing.yaml"]) == 2
     err = capsys.readouterr().err
