@@ -24,6 +24,7 @@ names the old and the new key).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import json
@@ -39,7 +40,7 @@ from energyformer.models.base import ModelConfig
 from energyformer.models.registry import ARCHS, get_arch
 from energyformer.runs.parser import ArgParser, type_name
 from energyformer.runs.recipe import deep_merge, read_recipe
-from energyformer.utils.derived import Rule, fill_derived
+from energyformer.utils.derived import Rule, derived_rules, fill_derived, given_values
 from energyformer.utils.io import atomic_write_text
 from energyformer.utils.plugins import load_plugins
 
@@ -423,6 +424,8 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any], overrides: Sequenc
     classes = {"model": cfg_cls, "data": DataConfig, "train": TrainConfig}
     for section, cls in classes.items():
         _check_keys(cls, raw[section], section)
+    _rederive(raw, given, classes, cfg_cls)
+    for section in classes:
         raw[section].update(given[section])
     if stem is not None and "out_dir" not in raw["train"]:
         raw["train"]["out_dir"] = f"out/{stem}"
@@ -439,6 +442,36 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any], overrides: Sequenc
     train = TrainConfig(**ns.train.as_dict())
     explicit = {section: frozenset(raw[section]) for section in SECTIONS}
     return RunConfig(model=model, data=data, train=train, explicit=explicit, imports=imports, data_meta=meta)
+
+
+def _rederive(raw: dict[str, Any], given: dict[str, dict[str, Any]], classes: dict[str, type],
+              cfg_cls: type[ModelConfig]) -> None:
+    """Let the recipe's derived values derive again from the overridden values (in place).
+
+    A run's saved ``config.yaml`` holds every derived value (``attn_n_steps``, ``d_ff``, the
+    schedule's step counts, ...), so a recipe read from it would keep them when an override changes
+    their inputs (``--model.n_steps 3`` leaving ``attn_n_steps`` at the old 2). In a section that
+    has overrides, a derived key whose recipe value equals what its rule gives from the recipe's
+    own values counts as derived (:func:`~energyformer.utils.derived.given_values`) and is dropped
+    before the overrides apply, so the built config derives it from the new values; a value
+    different from its rule, or a derived key the overrides name, is kept. A recipe section that
+    does not build on its own (e.g. no ``vocab_size`` yet) is left as it is.
+    """
+    todo = [section for section, cls in classes.items()
+            if given[section] and any(k in raw[section] and k not in given[section] for k in derived_rules(cls))]
+    if not todo:
+        return
+    ns = run_config_parser(cfg_cls).parse_object(copy.deepcopy(raw))
+    for section in todo:
+        cls = classes[section]
+        try:
+            before = cls(**getattr(ns, section).as_dict())
+        except (TypeError, ValueError):  # the final build reports it, with the overrides applied
+            continue
+        kept = given_values(before)
+        for key in derived_rules(cls):
+            if key in raw[section] and key not in kept and key not in given[section]:
+                del raw[section][key]
 
 
 def _recipe_defaults(parser: RunConfigParser, raw: dict[str, Any], cfg_cls: type[ModelConfig]) -> None:

@@ -392,3 +392,29 @@ def test_depth_keys_default_to_todays_training_and_round_trip(tmp_path):
     assert (cfg.train.depth_mean, cfg.train.depth_max, cfg.train.backprop_steps) == (6.0, 12, 2)
     again = load_config(save_config(cfg, tmp_path / "config.yaml"))
     assert again == cfg
+
+
+def test_a_saved_config_used_as_a_recipe_derives_again_from_its_overrides(tmp_path):
+    """A run's config.yaml holds every derived value; overriding an input re-derives them (a value
+    that differs from its rule, or one the overrides name, is kept)."""
+    run = {"model": {"arch": "cem", "vocab_size": 65, "d_model": 64, "n_heads": 4, "n_layers": 2, "n_steps": 2},
+           "data": {}, "train": {"max_steps": 1000, "lr_schedule": "wsd", "learning_rate": 1e-2}}
+    saved = tmp_path / "config.yaml"
+    save_config(load_config(run), saved)
+    on_disk = yaml.safe_load(saved.read_text())
+    assert on_disk["model"]["attn_n_steps"] == 2 and on_disk["train"]["cooldown_steps"] == 100  # concrete
+
+    cfg = load_config(saved, ["--model.n_steps", "3", "--train.max_steps", "2000"])
+    assert (cfg.model.attn_n_steps, cfg.model.mlp_n_steps) == (3, 3)
+    assert (cfg.train.lr_decay_steps, cfg.train.cooldown_steps, cfg.train.min_lr) == (2000, 200, 1e-3)
+    assert "attn_n_steps" not in cfg.explicit["model"]  # derived, so a resume treats it as derived
+    # without overrides the file reads back equal
+    assert load_config(saved) == load_config(run)
+
+    # a value the recipe set away from its rule stays, and so does one the overrides name
+    on_disk["model"]["mlp_n_steps"] = 1
+    saved.write_text(yaml.safe_dump(on_disk))
+    cfg = load_config(saved, ["--model.n_steps", "4"])
+    assert (cfg.model.attn_n_steps, cfg.model.mlp_n_steps) == (4, 1)
+    cfg = load_config(saved, ["--model.n_steps", "4", "--model.attn_n_steps", "2"])
+    assert (cfg.model.attn_n_steps, cfg.model.mlp_n_steps) == (2, 1)
