@@ -187,7 +187,7 @@ def _run(argv: list[str], fail: Callable[..., int]) -> int:
     user_errors = (ValueError, OSError, DataPreparationError)
     try:
         name, kwargs, imports = _parse(argv)
-        imports = load_plugins(imports)  # --import: checked and imported before the command runs
+        imports = load_plugins(imports, where="--import")  # checked and imported before the command runs
         if name == "train":
             kwargs["imports"] = imports
         fn, show = COMMANDS[name]

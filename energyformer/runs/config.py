@@ -573,7 +573,7 @@ def _read_raw(path_or_dict: str | Path | Mapping[str, Any]) -> tuple[dict[str, A
         if not isinstance(value, Mapping):
             raise ValueError(f"config section {section!r} must be a mapping of keys to values, got {value!r}")
         out[section] = dict(value)
-    return out, stem, raw.get(IMPORTS_KEY) or []
+    return out, stem, raw.get(IMPORTS_KEY)  # None: none; load_plugins refuses "" or a mapping
 
 
 def unknown_key_message(cls: type, section: str, key: str) -> str:

@@ -234,7 +234,12 @@ def load_run_plugins(run_dir: str | Path) -> list[str]:
         ValueError: as :func:`run_imports`; a module that fails to import
             (:class:`~energyformer.utils.plugins.PluginError`).
     """
-    return load_plugins(run_imports(run_dir))
+    path = Path(run_dir) / CONFIG_FILE
+    imports = read_yaml_mapping(path).get(IMPORTS_KEY) if path.is_file() else None
+    try:
+        return load_plugins(imports)
+    except ValueError as e:  # (a PluginError too) named by the file that lists them
+        raise type(e)(f"{str(path)!r}: {e}") from e
 
 
 def read_run_meta(run_dir: str | Path, run_cfg: RunConfig | None = None) -> dict[str, Any]:

@@ -32,20 +32,32 @@ class PluginError(ValueError):
     """A plugin module (or entry point) that fails to import; the message is one line naming it."""
 
 
-def check_imports(imports: object, *more: object) -> list[str]:
+def check_imports(imports: object, *more: object, where: str = "imports") -> list[str]:
     """The module names of a run config's ``imports`` and of each list in ``more`` (modules added
     after them, e.g. ``--import``): in that order, stripped, each once; ``None`` is ``[]``.
 
+    Args:
+        imports, more: the lists of module names.
+        where: what the messages call them: ``"imports"`` (a recipe's key) or a flag, ``"--import"``.
+
     Raises:
-        ValueError: one of them is not a list (or tuple) of non-empty strings; the message names it.
+        ValueError: one of them is not a list (or tuple) of non-empty strings; the message names it
+            and, for an entry that is empty or not a string, that entry.
     """
     names: list[str] = []
     for given in (imports, *more):
         if given is None:
             continue
-        if isinstance(given, str) or not isinstance(given, (list, tuple)) or not all(
-                isinstance(m, str) and m.strip() for m in given):
-            raise ValueError(f"imports={given!r} must be a list of module names, e.g. [my_options]")
+        if isinstance(given, str) or not isinstance(given, (list, tuple)):
+            raise ValueError(f"{where}={given!r} must be a list of module names, e.g. [my_options]")
+        for i, m in enumerate(given):
+            if isinstance(m, str) and m.strip():
+                continue
+            what = "an empty module name" if isinstance(m, str) else f"{m!r}, not a module name"
+            if where.startswith("--"):  # a flag: one value each
+                raise ValueError(f"{where} {m!r} is {what}; expected a module name, e.g. {where} my_options")
+            raise ValueError(f"{where}={list(given)!r} has {what} (entry {i + 1}); expected a list of module "
+                             "names, e.g. [my_options]")
         names.extend(m.strip() for m in given)
     return list(dict.fromkeys(names))
 
@@ -67,7 +79,7 @@ def _load_entry_points() -> None:
                               f"{_one_line(e)}") from e
 
 
-def load_plugins(modules: Iterable[str] | None = (), *more: Iterable[str] | None) -> list[str]:
+def load_plugins(modules: Iterable[str] | None = (), *more: Iterable[str] | None, where: str = "imports") -> list[str]:
     """Check and import a run's plugin modules: the ``energyformer.plugins`` entry points (once per
     process), then each module of ``modules`` and of the lists in ``more`` (:func:`check_imports`: in
     order, each once). The one home of "check and import ``imports:``" (docs/architecture.md §2).
@@ -77,23 +89,28 @@ def load_plugins(modules: Iterable[str] | None = (), *more: Iterable[str] | None
     Args:
         modules: a run config's ``imports`` (a list of module names; ``None`` is none).
         more: more lists, merged after it (``load_config``'s extra modules, from ``--import``).
+        where: where the modules were given, as the messages name it: ``"imports"`` (a recipe's or a
+            run's ``imports:``) or ``"--import"`` (the command line).
 
     Returns:
         the module names, merged (what a run config records as its ``imports``).
 
     Raises:
         ValueError: one of the lists is not a list of module names (:func:`check_imports`).
-        PluginError: (a ``ValueError``) a module or entry point fails to import; one line naming it,
-            the error, and where Python looks for it.
+        PluginError: (a ``ValueError``) a module or entry point fails to import; one line naming it
+            and its own error (type and message), and, when the module itself is not found, where
+            Python looks for it.
     """
     _load_entry_points()
-    names = check_imports(*(_as_list(m) for m in (modules, *more)))
+    names = check_imports(*(_as_list(m) for m in (modules, *more)), where=where)
     for module in names:
         try:
             importlib.import_module(module)
         except Exception as e:  # noqa: BLE001 - a plugin's own error, shown as one line
-            raise PluginError(f"imports: plugin module {module!r} failed to import ({_one_line(e)}); its directory "
-                              "must be on PYTHONPATH (or the module installed)") from e
+            missing = isinstance(e, ModuleNotFoundError) and e.name is not None and (
+                module == e.name or module.startswith(e.name + "."))  # not found, not an import inside it
+            hint = "; its directory must be on PYTHONPATH (or the module installed)" if missing else ""
+            raise PluginError(f"{where}: plugin module {module!r} failed to import ({_one_line(e)}){hint}") from e
     return names
 
 

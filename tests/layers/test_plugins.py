@@ -131,9 +131,62 @@ def test_check_imports_merges_the_lists_in_order_and_names_a_bad_one():
     from energyformer.utils.plugins import check_imports
 
     assert check_imports(None) == [] and check_imports(["b", " a "], None, ("a", "c")) == ["b", "a", "c"]
-    for bad in ("mod", {"mod": 1}, ["mod", ""], [3]):
+    for bad in ("mod", "", {"mod": 1}, False):
         with pytest.raises(ValueError, match=re.escape(f"imports={bad!r} must be a list of module names")):
             check_imports(["ok"], bad)
+    for bad, what in ((["mod", ""], "an empty module name (entry 2)"), ([" "], "an empty module name (entry 1)"),
+                      ([3], "3, not a module name (entry 1)")):
+        with pytest.raises(ValueError, match=re.escape(f"imports={bad!r} has {what}; expected a list of module")):
+            check_imports(["ok"], bad)
+    with pytest.raises(ValueError, match=r"^--import '' is an empty module name; expected a module name, e\.g\. "
+                                         r"--import my_options$"):
+        check_imports(["ok", ""], where="--import")
+
+
+def test_a_recipe_whose_imports_are_not_a_list_is_refused(plugin_path):
+    """``imports: ""`` was read as no imports; ``[""]`` names its empty entry."""
+    from energyformer.runs.config import load_config
+
+    model = {"arch": "cem", "vocab_size": 11}
+    for imports, message in (("", "imports='' must be a list of module names"),
+                             ([""], "imports=[''] has an empty module name (entry 1)")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            load_config({"imports": imports, "model": model})
+    assert load_config({"imports": None, "model": model}).imports == []
+    assert load_config({"imports": [], "model": model}).imports == []
+
+
+def test_a_plugin_error_shows_its_own_exception_and_says_where_the_module_was_given(plugin_path, tmp_path):
+    """The module's own error (type and message) in every case; the PYTHONPATH hint only when the
+    module itself is not found; ``where`` names the source (``--import``, a run's config.yaml)."""
+    from energyformer.runs.rundir import load_run_plugins
+    from energyformer.utils.plugins import PluginError, load_plugins
+
+    _toy_module(plugin_path, "toy_plugin_bad", "raise RuntimeError('boom\\nsecond line')\n")
+    _toy_module(plugin_path, "toy_plugin_needs", "import no_such_dependency_xyz\n")  # its dependency is missing
+    hint = "its directory must be on PYTHONPATH"
+    with pytest.raises(PluginError) as err:
+        load_plugins(["toy_plugin_bad"])
+    assert str(err.value) == "imports: plugin module 'toy_plugin_bad' failed to import (RuntimeError: boom second line)"
+    with pytest.raises(PluginError) as err:
+        load_plugins(["toy_plugin_needs"], where="--import")
+    assert str(err.value) == ("--import: plugin module 'toy_plugin_needs' failed to import (ModuleNotFoundError: "
+                              "No module named 'no_such_dependency_xyz')")
+    for name, missing in (("no_such_plugin_module", "no_such_plugin_module"),
+                          ("no_such_pkg_xyz.sub", "no_such_pkg_xyz")):
+        with pytest.raises(PluginError) as err:
+            load_plugins([name], where="--import")
+        assert str(err.value) == (f"--import: plugin module {name!r} failed to import (ModuleNotFoundError: No "
+                                  f"module named {missing!r}); {hint} (or the module installed)")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("imports: [no_such_plugin_module]\n")
+    with pytest.raises(PluginError, match=re.escape(f"{str(run / 'config.yaml')!r}: imports: plugin module "
+                                                    "'no_such_plugin_module' failed to import")):
+        load_run_plugins(run)
+    (run / "config.yaml").write_text("imports: ''\n")
+    with pytest.raises(ValueError, match=re.escape(f"{str(run / 'config.yaml')!r}: imports='' must be a list")):
+        load_run_plugins(run)
 
 
 def test_a_run_configs_imports_are_checked_and_imported_by_load_plugins_alone(plugin_path, monkeypatch):
