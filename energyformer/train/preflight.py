@@ -243,18 +243,24 @@ def resolve_resumed_train(saved: TrainConfig, new: TrainConfig, explicit: frozen
     run's depth sampler (``DEPTH_TRAIN_KEYS``) is kept unless ``explicit`` names one of its keys
     (``None``: unknown, ``new``'s stays). So raising ``max_steps`` neither re-derives the
     learning-rate schedule nor turns a randomized-depth run into a fixed-depth one; the words compare
-    what ``new`` gave with the run's values.
+    what ``new`` gave with the run's values. Another ``lr_schedule`` continues from the resumed step
+    on the new schedule (with the run's ``min_lr`` and ``lr_decay_steps``); ``cooldown_steps``, a
+    part of the wsd schedule, is then derived again for it unless given (wsd → cosine: 0).
 
     Raises:
         ValueError: the kept values are invalid with the new ones (e.g. ``min_lr`` above a
             lowered ``learning_rate``): the message names the key to give.
     """
     given = given_keys(new, explicit)
+    # the cooldown belongs to the run's schedule: with another lr_schedule it derives again (0 but
+    # for wsd, a tenth of the kept lr_decay_steps with wsd) unless given
+    rederived = {"cooldown_steps"} - given if saved.lr_schedule != new.lr_schedule else set()
     depth = () if explicit is None or explicit & set(DEPTH_TRAIN_KEYS) else DEPTH_TRAIN_KEYS  # kept together
-    kept = {k: getattr(saved, k) for k in DERIVED_TRAIN_KEYS if k not in given and getattr(saved, k) != getattr(new, k)}
+    kept = {k: getattr(saved, k) for k in DERIVED_TRAIN_KEYS
+            if k not in given and k not in rederived and getattr(saved, k) != getattr(new, k)}
     kept.update({k: getattr(saved, k) for k in depth if getattr(saved, k) != getattr(new, k)})
     try:
-        resolved = dataclasses.replace(new, **kept)
+        resolved = dataclasses.replace(new, **kept, **dict.fromkeys(rederived))
     except ValueError as e:
         raise ValueError(f"{e} (kept from the resumed run; "
                          f"give --train.{' / --train.'.join(kept)} explicitly)") from None

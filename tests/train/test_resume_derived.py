@@ -30,6 +30,26 @@ def test_a_resume_keeps_the_runs_derived_train_values_unless_given(explicit):
     assert "train.lr_decay_steps 1000 → 1800" in words and "kept the run's train.cooldown_steps=100" in words
 
 
+@pytest.mark.parametrize("explicit", [frozenset({"max_steps", "lr_schedule"}), None],
+                         ids=["from a recipe", "built in Python"])
+def test_a_resume_on_another_schedule_derives_the_cooldown_again(explicit):
+    """wsd → cosine: the run's cooldown (a part of the wsd schedule) is not kept (cosine refuses one);
+    cosine → wsd: it derives from the kept lr_decay_steps. The other derived values are kept."""
+    wsd = TrainConfig(max_steps=1000, lr_schedule="wsd", learning_rate=3e-3)
+    kept, words = resolve_resumed_train(wsd, TrainConfig(max_steps=2000, lr_schedule="cosine", learning_rate=3e-3),
+                                        explicit)
+    assert (kept.lr_schedule, kept.lr_decay_steps, kept.cooldown_steps, kept.min_lr) == ("cosine", 1000, 0, 3e-3 / 10)
+    assert "train.lr_schedule wsd → cosine, train.cooldown_steps 100 → 0" in words
+    assert "kept the run's train.lr_decay_steps=1000" in words
+    cosine = TrainConfig(max_steps=1000, lr_schedule="cosine", learning_rate=3e-3)
+    kept, words = resolve_resumed_train(cosine, TrainConfig(max_steps=2000, lr_schedule="wsd", learning_rate=3e-3),
+                                        explicit)
+    assert (kept.lr_decay_steps, kept.cooldown_steps) == (1000, 100) and "train.cooldown_steps 0 → 100" in words
+    given = TrainConfig(max_steps=2000, lr_schedule="wsd", learning_rate=3e-3, cooldown_steps=300)
+    kept, _ = resolve_resumed_train(wsd, given, None if explicit is None else explicit | {"cooldown_steps"})
+    assert kept.cooldown_steps == 300  # given: as given
+
+
 def test_a_derived_value_named_by_the_recipe_is_given_even_when_it_equals_its_rule():
     saved = TrainConfig(max_steps=6, lr_decay_steps=4)
     kept, words = resolve_resumed_train(saved, TrainConfig(max_steps=10, lr_decay_steps=10),
