@@ -417,7 +417,7 @@ def _exit_options(exit: str | None, max_steps: int | None, n_steps: int | None):
     except ValueError as e:
         raise ValueError(f"--{str(e)}" if str(e).startswith("exit=") else str(e)) from None
     if max_steps is not None:
-        check_int("max_steps", max_steps, 1)
+        check_int("--max-steps", max_steps, 1)  # (not train.max_steps)
         if crit is None:
             raise ValueError(f"--max-steps {max_steps} is the most steps a token gets with --exit; give --exit "
                              "NAME:THRESHOLD (or use --n-steps for a fixed depth)")

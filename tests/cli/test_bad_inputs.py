@@ -206,6 +206,8 @@ CLI_CASES = [
      r"character 'Ω' \(U\+03A9\) at position 0 is not in the vocabulary"),
     ("sample-empty-prompt", lambda c: ["sample", str(c.run), "--prompt", ""], r"the prompt is empty"),
     ("sample-num-samples-zero", lambda c: ["sample", str(c.run), "--num_samples", "0"], r"num_samples=0 must be >= 1"),
+    ("sample-max-steps-zero", lambda c: ["sample", str(c.run), "--exit", "kl:1e-3", "--max-steps", "0"],
+     r"error: --max-steps=0 must be >= 1$"),
     ("sample-negative-temperature", lambda c: ["sample", str(c.run), "--temperature", "-1"],
      r"temperature=-1\.0 must be >= 0"),
     ("sample-temperature-inf", lambda c: ["sample", str(c.run), "--temperature", "inf"],

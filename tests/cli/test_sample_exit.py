@@ -25,7 +25,7 @@ def runs(tmp_path_factory):
     (["--exit", "klx:1e-3"], "unknown exit criterion 'klx'; known criteria: abs, rel, kl, energy, grad"),
     (["--exit", "rel:-1"], "the threshold '-1' must be a finite number >= 0"),
     (["--max-steps", "16"], "--max-steps 16 is the most steps a token gets with --exit"),
-    (["--exit", "kl", "--max-steps", "0"], "max_steps"),
+    (["--exit", "kl", "--max-steps", "0"], "error: --max-steps=0 must be >= 1"),
     (["--exit", "kl", "--max-steps", "8", "--n-steps", "4"], "--max-steps 8 and --n-steps 4 disagree"),
 ])
 def test_sample_exit_spec_errors(runs, capsys, args, message):
