@@ -16,6 +16,8 @@ override (``--train.max_steps 10``) is read by an :class:`ArgParser`, a
 - ``none`` / ``None`` (like ``null`` and ``~``) is null for an optional option; a plain ``str``
   option keeps the word;
 - ``--config FILE`` may name a command's recipe (:attr:`ArgParser.config_flag`);
+- the help of a dataclass field whose default is derived from other fields (its class's
+  ``derived`` rules, :mod:`energyformer.utils.derived`) says so: ``default: derived from d_model``;
 - every error is one ``ValueError`` line naming the option, the value exactly as typed and the
   expected type; a missing (sub)command lists every choice with a usage line.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextvars
+import dataclasses
 import keyword
 import math
 import re
@@ -36,6 +39,7 @@ import yaml
 from jsonargparse import ArgumentError, ArgumentParser, DefaultHelpFormatter, get_loader, set_loader
 
 from energyformer._validate import nonfinite_float
+from energyformer.utils.derived import derived_rules, sentinel
 
 LOAD_MODE = "energyformer"  # the jsonargparse parser_mode whose value loader reads `none` as null
 # argparse takes a token for a flag unless it looks like a negative number; these are values too
@@ -138,7 +142,14 @@ class HelpFormatter(DefaultHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = super()._get_help_string(action)
         default = action.default
-        if isinstance(default, str) and (not default.strip() or not default.isprintable()):
+        derived = getattr(action, "derived", None)  # (the field's sentinel, the fields its rule reads)
+        if derived is not None:
+            unset, reads = derived
+            rule = f"derived from {', '.join(reads)}" if reads else "derived"
+            shown = (rule if unset is None else f"{unset} ({rule})") if default == unset else (
+                f"{default} ({'null' if unset is None else unset}: {rule})")
+            text = text.replace("%(default)s", shown.replace("%", "%%"))
+        elif isinstance(default, str) and (not default.strip() or not default.isprintable()):
             text = text.replace("%(default)s", repr(default))  # (jsonargparse's template knows only %(...)s)
         return text
 
@@ -165,7 +176,21 @@ class ArgParser(ArgumentParser):
     def add_class_arguments(self, theclass: Any, nested_key: str | None = None, *args: Any, **kwargs: Any):
         added = super().add_class_arguments(theclass, nested_key, *args, **kwargs)
         self._typed(typing.get_type_hints(theclass), nested_key, added)
+        self._mark_derived(theclass, nested_key)
         return added
+
+    def _mark_derived(self, theclass: Any, prefix: str | None) -> None:
+        """Note on each option of a derived field (``theclass.derived``) its sentinel and the fields its
+        rule reads (the field names its code uses), for the help (:class:`HelpFormatter`)."""
+        if not dataclasses.is_dataclass(theclass):
+            return
+        names = [f.name for f in dataclasses.fields(theclass)]
+        for name, rule in derived_rules(theclass).items():
+            code = getattr(rule, "__code__", None)
+            reads = [n for n in names if code is not None and n in code.co_names]
+            for action in self._actions:
+                if action.dest == (f"{prefix}.{name}" if prefix else name):
+                    action.derived = (sentinel(theclass, name), reads)
 
     def add_function_arguments(self, function: Any, nested_key: str | None = None, *args: Any, **kwargs: Any):
         added = super().add_function_arguments(function, nested_key, *args, **kwargs)

@@ -1,6 +1,7 @@
 """The one typed parse: ArgParser's conventions, prepare's per-dataset subcommands, `--import`
 plugins recorded in the run config, and `energyformer.train.train` choosing the loop by arch."""
 import json
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, fields
@@ -259,3 +260,30 @@ def test_flag_errors_name_the_flag_and_the_value_as_typed(argv, message):
     with pytest.raises(ValueError) as info:
         parse_command_line(argv)
     assert str(info.value).startswith(message), str(info.value)
+
+
+def test_the_help_of_a_recipe_marks_the_derived_keys(tmp_path, capsys):
+    """``train RECIPE --help``: a key whose default is derived from others says from which (its rule's
+    inputs); one the recipe gives shows that value and what null would mean."""
+    from energyformer.models.cem import CEMConfig
+    from energyformer.models.nrgpt import NRGPTConfig
+    from energyformer.runs.config import run_config_parser
+
+    def shown(parser):
+        return " ".join(parser.format_help().split())
+
+    text = shown(run_config_parser(CEMConfig))
+    for key, reads in (("model.head_dim", "d_model, n_heads"), ("model.d_ff", "d_model"),
+                       ("model.attn_n_steps", "n_steps"), ("train.min_lr", "learning_rate"),
+                       ("train.lr_decay_steps", "max_steps"), ("train.cooldown_steps", "lr_schedule, lr_decay_steps"),
+                       ("train.ckpt_interval", "eval_interval")):
+        one_option = rf"--{re.escape(key)} [A-Z_]+ (?:(?!\s\[?--).)*?"  # its help, up to the next option
+        assert re.search(one_option + rf"\(type: [^()]*, default: derived from {reads}\)", text), key
+    assert "--model.n_steps N_STEPS (type: int, default: 1)" in text  # not derived
+    assert "default: auto (derived from preset)" in shown(run_config_parser(NRGPTConfig))  # model.norm's sentinel
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"model": {"arch": "cem", "vocab_size": 11, "d_ff": 40}}))
+    assert main(["train", str(recipe), "--help"]) == 0
+    assert "--model.d_ff D_FF (type: int | null, default: 40 (null: derived from d_model))" in " ".join(
+        capsys.readouterr().out.split())
+
