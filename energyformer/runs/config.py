@@ -340,8 +340,9 @@ class RunConfig:
     """A full run: ``model`` (the arch's ModelConfig), ``data`` and ``train`` sections.
 
     ``explicit`` (set by :func:`load_config`) names, per section, the keys the recipe or the
-    command line gave; ``None`` when unknown. Resuming keeps the run's derived values
-    (``DERIVED_TRAIN_KEYS``) unless they were given explicitly. ``imports`` are the plugin
+    command line gave and ``overridden`` the keys the command line gave; ``None`` when unknown.
+    Resuming keeps the run's derived values (``DERIVED_TRAIN_KEYS``) unless they were given
+    explicitly, and its ``lr_schedule`` and depth sampler unless the command line names them. ``imports`` are the plugin
     modules the run needs (``energyformer --import MODULE``, the recipe's ``imports:``), saved
     in its config.yaml so that a fresh process imports them before reading the model section.
     ``data_meta`` is the data's meta.json as :func:`load_config` read it to fill in
@@ -353,6 +354,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     explicit: dict[str, frozenset[str]] | None = field(default=None, compare=False, repr=False)
+    overridden: dict[str, frozenset[str]] | None = field(default=None, compare=False, repr=False)
     imports: list[str] = field(default_factory=list)
     data_meta: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
@@ -441,7 +443,9 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any], overrides: Sequenc
     data = data if data is not None else DataConfig(**ns.data.as_dict())
     train = TrainConfig(**ns.train.as_dict())
     explicit = {section: frozenset(raw[section]) for section in SECTIONS}
-    return RunConfig(model=model, data=data, train=train, explicit=explicit, imports=imports, data_meta=meta)
+    overridden = {section: frozenset(given[section]) for section in SECTIONS}
+    return RunConfig(model=model, data=data, train=train, explicit=explicit, overridden=overridden,
+                     imports=imports, data_meta=meta)
 
 
 def _rederive(raw: dict[str, Any], given: dict[str, dict[str, Any]], classes: dict[str, type],

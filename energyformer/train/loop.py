@@ -221,7 +221,8 @@ def _choose_start(run_cfg: RunConfig, data: _Data, info: dist.DistInfo, say: Cal
     if resume_dir is not None:
         saved = preflight.check_resumable(resume_dir, run_cfg, data.identity, data.meta)
         tc = preflight.keep_init_from(saved.train, tc, resume_dir, explicit)
-        tc, notes = preflight.resolve_resumed_train(saved.train, tc, explicit)
+        chosen = None if run_cfg.overridden is None else run_cfg.overridden.get("train", frozenset())
+        tc, notes = preflight.resolve_resumed_train(saved.train, tc, explicit, chosen)
         model, model_notes = preflight.resolve_resumed_model(saved.model, run_cfg.model)
         notes = "; ".join(n for n in (notes, model_notes) if n)
         state = ckpt.load_train_state(resume_dir)

@@ -232,33 +232,40 @@ def resolve_resumed_model(saved: ModelConfig, new: ModelConfig) -> tuple[ModelCo
     return saved, ("kept the run's " + ", ".join(kept) if kept else "")
 
 
-def resolve_resumed_train(saved: TrainConfig, new: TrainConfig, explicit: frozenset[str] | None
-                          ) -> tuple[TrainConfig, str]:
+def resolve_resumed_train(saved: TrainConfig, new: TrainConfig, explicit: frozenset[str] | None,
+                          chosen: frozenset[str] | None = None) -> tuple[TrainConfig, str]:
     """The train config a resumed run continues with, and what changed, in words.
 
     The run's derived values (``TrainConfig.derived``: ``min_lr``, ``lr_decay_steps``,
     ``cooldown_steps``, ``ckpt_interval``) are kept unless given: named by ``explicit`` (the keys given
     by the recipe or the command line) or set in ``new`` away from what their rule derives
     (:func:`given_keys`; the only test when ``explicit`` is ``None``, a config built in Python). The
-    run's depth sampler (``DEPTH_TRAIN_KEYS``) is kept unless ``explicit`` names one of its keys
-    (``None``: unknown, ``new``'s stays). So raising ``max_steps`` neither re-derives the
-    learning-rate schedule nor turns a randomized-depth run into a fixed-depth one; the words compare
-    what ``new`` gave with the run's values. Another ``lr_schedule`` continues from the resumed step
-    on the new schedule (with the run's ``min_lr`` and ``lr_decay_steps``); ``cooldown_steps``, a
-    part of the wsd schedule, is then derived again for it unless given (wsd → cosine: 0).
+    run's choices of schedule (``lr_schedule``) and depth sampler (``DEPTH_TRAIN_KEYS``, kept together)
+    are kept unless ``chosen`` (the keys the command line gave) names them, so that a resume that
+    repeats the recipe but forgets the ``--train.lr_schedule wsd`` the run started with stays on wsd;
+    ``chosen=None`` (unknown) falls back to ``explicit``, and with both ``None`` ``new``'s stay. So
+    raising ``max_steps`` neither re-derives the learning-rate schedule nor turns a randomized-depth
+    run into a fixed-depth one; the words compare what ``new`` gave with the run's values. Another
+    ``lr_schedule``, chosen, continues from the resumed step on the new schedule (with the run's
+    ``min_lr`` and ``lr_decay_steps``); ``cooldown_steps``, a part of the wsd schedule, is then derived
+    again for it unless given (wsd → cosine: 0).
 
     Raises:
         ValueError: the kept values are invalid with the new ones (e.g. ``min_lr`` above a
             lowered ``learning_rate``): the message names the key to give.
     """
     given = given_keys(new, explicit)
+    named = chosen if chosen is not None else explicit
+    # the run's choices, kept unless named (the depth sampler's keys together)
+    choices = () if named is None else (() if "lr_schedule" in named else ("lr_schedule",)) + (
+        () if named & set(DEPTH_TRAIN_KEYS) else DEPTH_TRAIN_KEYS)
+    schedule = saved.lr_schedule if "lr_schedule" in choices else new.lr_schedule
     # the cooldown belongs to the run's schedule: with another lr_schedule it derives again (0 but
     # for wsd, a tenth of the kept lr_decay_steps with wsd) unless given
-    rederived = {"cooldown_steps"} - given if saved.lr_schedule != new.lr_schedule else set()
-    depth = () if explicit is None or explicit & set(DEPTH_TRAIN_KEYS) else DEPTH_TRAIN_KEYS  # kept together
+    rederived = {"cooldown_steps"} - given if saved.lr_schedule != schedule else set()
     kept = {k: getattr(saved, k) for k in DERIVED_TRAIN_KEYS
             if k not in given and k not in rederived and getattr(saved, k) != getattr(new, k)}
-    kept.update({k: getattr(saved, k) for k in depth if getattr(saved, k) != getattr(new, k)})
+    kept.update({k: getattr(saved, k) for k in choices if getattr(saved, k) != getattr(new, k)})
     try:
         resolved = dataclasses.replace(new, **kept, **dict.fromkeys(rederived))
     except ValueError as e:

@@ -50,6 +50,40 @@ def test_a_resume_on_another_schedule_derives_the_cooldown_again(explicit):
     assert kept.cooldown_steps == 300  # given: as given
 
 
+def test_a_resume_keeps_the_runs_schedule_and_sampler_unless_the_command_line_names_them():
+    """The recipe names cosine and the fixed sampler, the run was started with --train.lr_schedule wsd and a
+    uniform sampler: a resume from the recipe alone stays on wsd with the run's cooldown and sampler."""
+    saved = TrainConfig(max_steps=1000, lr_schedule="wsd", learning_rate=3e-3, depth_sampler="uniform",
+                        depth_min=1, depth_max=6)
+    recipe = frozenset({"max_steps", "lr_schedule", "learning_rate", "depth_sampler"})
+    new = TrainConfig(max_steps=2000, lr_schedule="cosine", learning_rate=3e-3)
+    kept, words = resolve_resumed_train(saved, new, recipe, chosen=frozenset({"max_steps"}))
+    assert (kept.lr_schedule, kept.cooldown_steps, kept.lr_decay_steps) == ("wsd", 100, 1000)
+    assert (kept.depth_sampler, kept.depth_min, kept.depth_max) == ("uniform", 1, 6)
+    assert "train.lr_schedule=wsd" in words and "train.depth_sampler=uniform" in words
+    assert "lr_schedule wsd → cosine" not in words
+    kept, words = resolve_resumed_train(saved, new, recipe, chosen=frozenset({"lr_schedule"}))
+    assert (kept.lr_schedule, kept.cooldown_steps, kept.depth_sampler) == ("cosine", 0, "uniform")
+    assert "train.lr_schedule wsd → cosine" in words
+
+
+def test_a_resume_that_forgets_the_schedule_flag_stays_on_the_runs_schedule(data_dir, tmp_path, capsys):
+    """End to end: train with --train.lr_schedule wsd over a recipe that says cosine, resume with the recipe
+    and a longer max_steps only: config.yaml and the first line say wsd, and the LR curve is wsd's."""
+    out = tmp_path / "run"
+    recipe = tiny_config_dict(data_dir, out, "gpt", max_steps=4, eval_interval=2, lr_schedule="cosine",
+                              learning_rate=1e-3, warmup_steps=0)
+    train(load_config(recipe, ["--train.lr_schedule", "wsd"], resolve_vocab=True), progress=False)
+    assert yaml.safe_load((out / "config.yaml").read_text())["train"]["lr_schedule"] == "wsd"
+    capsys.readouterr()
+    summary = train(load_config(recipe, ["--train.max_steps", "6"], resolve_vocab=True), progress=None)
+    assert summary["resumed_from"] == 4 and summary["steps"] == 6
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "train.lr_schedule=wsd" in first and "lr_schedule wsd →" not in first, first
+    saved = yaml.safe_load((out / "config.yaml").read_text())["train"]
+    assert (saved["lr_schedule"], saved["max_steps"], saved["lr_decay_steps"]) == ("wsd", 6, 4)
+
+
 def test_a_derived_value_named_by_the_recipe_is_given_even_when_it_equals_its_rule():
     saved = TrainConfig(max_steps=6, lr_decay_steps=4)
     kept, words = resolve_resumed_train(saved, TrainConfig(max_steps=10, lr_decay_steps=10),
