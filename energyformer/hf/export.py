@@ -44,7 +44,7 @@ from energyformer.hf.model_card import write_model_card
 from energyformer.hf.modeling import model_class
 from energyformer.hf.remote_code import auto_map, write_remote_code
 from energyformer.hf.tokenizer import char_vocab, run_tokenizer
-from energyformer.models.registry import build_model
+from energyformer.models.registry import LANGUAGE_MODELS, build_model
 from energyformer.runs.checkpoint import find_checkpoint
 from energyformer.runs.config import DataConfig, RunConfig
 from energyformer.runs.layout import CHECKPOINTS_DIR, METRICS_FILE, STATE_FILE, SUMMARY_FILE
@@ -60,6 +60,7 @@ from energyformer.runs.rundir import (
 )
 from energyformer.runs.weights import save_weights
 from energyformer.utils.io import atomic_write_json, usual_mode
+from energyformer.utils.plugins import load_plugins
 
 #: ``as_`` values of :func:`export_run`
 EXPORT_FORMATS = ("energyformer", "llama", "gpt2")
@@ -242,11 +243,24 @@ def import_hf(src: str | Path, out: str | Path, progress: bool = False, force: b
     src, out = Path(src), Path(out)
     if not (src / "config.json").is_file():
         raise FileNotFoundError(f"{str(src / 'config.json')!r} not found; expected a Hugging Face model folder")
-    model_type = json.loads((src / "config.json").read_text(encoding="utf-8")).get("model_type")
+    raw = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    model_type = raw.get("model_type")
     if model_type not in IMPORT_TYPES and not str(model_type).startswith("energyformer_"):
         raise ValueError(f"{str(src)!r} holds model_type={model_type!r}; import-hf reads "
                          f"{', '.join(IMPORT_TYPES)} or energyformer_* folders")
     _check_run_target(out, force)
+    imports: list[str] = []
+    if str(model_type).startswith("energyformer_"):
+        # an export of a run with plugins lists them: imported first (a plugin arch registers its model
+        # type with transformers here), and kept in the run's config.yaml
+        imports = load_plugins(raw.get("imports"), where=f"{str(src / 'config.json')!r} imports")
+        arch = (raw.get("energyformer") or {}).get("arch")
+        if isinstance(arch, str) and arch not in LANGUAGE_MODELS:
+            raise ValueError(f"{str(src / 'config.json')!r} holds arch {arch!r}, which is not a registered "
+                             f"language model ({', '.join(LANGUAGE_MODELS)}); a plugin's arch needs its module: "
+                             "energyformer --import MODULE import-hf ...")
+        if isinstance(arch, str):
+            model_class(arch)  # a plugin's arch: its classes, registered with the Auto classes
     hf_config = AutoConfig.from_pretrained(src)
     with progress_bars(progress):
         hf = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
@@ -266,7 +280,7 @@ def import_hf(src: str | Path, out: str | Path, progress: bool = False, force: b
                          f"{model_config.vocab_size}")
     meta.update({"format_version": 1, "n_train": 0, "n_val": 0, "source": f"import-hf {src}"})
     out.mkdir(parents=True, exist_ok=True)
-    write_run_files(out, RunConfig(model=model_config, data=DataConfig(dataset=NO_DATASET)), meta)
+    write_run_files(out, RunConfig(model=model_config, data=DataConfig(dataset=NO_DATASET), imports=imports), meta)
     save_weights(model, out / WEIGHTS_FILE, {"step": "0"})
     atomic_write_json(out / MARKER_FILE, {"format_version": 1, "step": 0, "best_val_loss": None,
                                           "files": [CONFIG_FILE, META_FILE, WEIGHTS_FILE],

@@ -155,6 +155,34 @@ def _forget_plugin():
         sys.modules.pop(m, None)
 
 
+def test_import_hf_of_a_plugin_export_imports_its_plugins_and_keeps_them(plugin, tmp_path):
+    """An export of a plugin run lists its ``imports`` in config.json: ``import-hf`` imports them first (the
+    plugin's arch, unknown to transformers until then) and writes them into the new run's config.yaml, so
+    that ``sample`` on it works; without the list it is one error naming ``--import``."""
+    import json
+
+    from energyformer.commands import sample
+    from energyformer.hf.export import export_run, import_hf
+    from energyformer.runs.config import load_config
+    from energyformer.train import train
+
+    run = tmp_path / "run"
+    train(load_config({"imports": [MODULE], "model": MODEL, "data": {"data_dir": str(write_data(tmp_path))},
+                       "train": {**TRAIN, "max_steps": 2, "out_dir": str(run)}}), progress=False)
+    hf = export_run(run, tmp_path / "hf")
+    _forget_plugin()
+    back = import_hf(hf, tmp_path / "back")
+    assert yaml.safe_load((back / "config.yaml").read_text())["imports"] == [MODULE]
+    _forget_plugin()
+    assert sample(str(back), prompt="the", max_new_tokens=3, seed=0, device="cpu")[0].startswith("the")
+    _forget_plugin()
+    config = json.loads((hf / "config.json").read_text())
+    del config["imports"]
+    (hf / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"arch 'toy_steps', which is not a registered .*--import MODULE"):
+        import_hf(hf, tmp_path / "back2")
+
+
 def test_a_run_trained_with_import_resumes_and_fine_tunes_without_it(plugin, tmp_path, capsys):
     """``--import`` is recorded in the run's config.yaml; a later ``train`` of a recipe that does not
     name the plugin imports the run's plugins first (resuming train.out_dir, or train.init_from)."""
@@ -215,6 +243,9 @@ def test_a_plugin_arch_trains_samples_and_exports_in_fresh_processes(tmp_path):
                tmp_path, plugin_dir).stdout
     assert out.strip().startswith("the")
     _cli(["export", run, "--to", tmp_path / "hf"], tmp_path, plugin_dir)
+    _cli(["import-hf", tmp_path / "hf", "--out", tmp_path / "back"], tmp_path, plugin_dir)  # no --import
+    assert yaml.safe_load((tmp_path / "back" / "config.yaml").read_text())["imports"] == [MODULE]
+    _cli(["sample", tmp_path / "back", "--max_new_tokens", "4", "--prompt", "the"], tmp_path, plugin_dir)
     load_hf = (f"import sys, torch, {MODULE}, energyformer.hf; from transformers import AutoModelForCausalLM; "
                "m = AutoModelForCausalLM.from_pretrained(sys.argv[1]); "
                "print(m.config.imports, tuple(m(torch.zeros(1, 4, dtype=torch.long)).logits.shape))")
