@@ -39,13 +39,12 @@ from energyformer._validate import check_choice, check_float, check_int
 from energyformer.models.base import ModelConfig
 from energyformer.models.registry import ARCHS, get_arch
 from energyformer.runs.parser import ArgParser, type_name
-from energyformer.runs.recipe import deep_merge, read_recipe
+from energyformer.runs.recipe import IMPORTS_KEY, deep_merge, read_recipe
 from energyformer.utils.derived import Rule, derived_rules, fill_derived, given_values
 from energyformer.utils.io import atomic_write_text
 from energyformer.utils.plugins import load_plugins
 
 SECTIONS = ("model", "data", "train")
-IMPORTS_KEY = "imports"  # top-level recipe key: plugin modules imported before the config is read
 LR_SCHEDULES = ("cosine", "exponential", "constant", "wsd")
 DTYPES = ("float32", "bfloat16", "auto")
 PARALLEL = ("ddp", "fsdp")
@@ -560,7 +559,8 @@ def _read_raw(path_or_dict: str | Path | Mapping[str, Any]) -> tuple[dict[str, A
         raw, stem = dict(path_or_dict), None
         if "base" in raw:  # a dict may extend a recipe file too (relative to the working directory)
             base = read_recipe(raw.pop("base"))
-            raw = deep_merge(base, {k: ({} if v is None else v) for k, v in raw.items()})
+            raw = deep_merge(base, {k: ({} if v is None else v) for k, v in raw.items()
+                                    if not (k == IMPORTS_KEY and v is None)})  # imports None: none added
     elif isinstance(path_or_dict, (str, Path)):
         raw, stem = read_recipe(path_or_dict), Path(path_or_dict).stem
     else:

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 BASE_KEY = "base"
+IMPORTS_KEY = "imports"  # top-level recipe key: plugin modules imported before the config is read
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -105,7 +106,9 @@ def _read_chain(path: Path, chain: list[Path]) -> dict[str, Any]:
         raise ValueError(f"recipe inheritance cycle: {names}; a recipe cannot extend itself")
     raw = read_yaml_mapping(path)
     for section, value in list(raw.items()):
-        if value is None and section != BASE_KEY:
+        if value is None and section == IMPORTS_KEY:  # `imports:` left empty: none (a base's stay)
+            del raw[section]
+        elif value is None and section != BASE_KEY:
             raw[section] = {}
     base = raw.pop(BASE_KEY, None)
     if base is None:

@@ -156,6 +156,19 @@ def test_a_recipe_whose_imports_are_not_a_list_is_refused(plugin_path):
     assert load_config({"imports": [], "model": model}).imports == []
 
 
+def test_an_empty_imports_key_in_a_recipe_file_means_none(plugin_path, tmp_path):
+    """``imports:`` with nothing after it (YAML null) is no imports, not "imports={} must be a list"; in a
+    recipe that extends another, the base's imports stay."""
+    from energyformer.runs.config import load_config
+
+    (tmp_path / "empty.yaml").write_text("imports:\nmodel:\n  arch: cem\n  vocab_size: 11\n")
+    assert load_config(tmp_path / "empty.yaml").imports == []
+    (tmp_path / "base.yaml").write_text("imports: [json]\nmodel:\n  arch: cem\n  vocab_size: 11\n")
+    (tmp_path / "child.yaml").write_text("base: base.yaml\nimports:\n")
+    assert load_config(tmp_path / "child.yaml").imports == ["json"]
+    assert load_config({"base": str(tmp_path / "base.yaml"), "imports": None}).imports == ["json"]
+
+
 def test_a_plugin_error_shows_its_own_exception_and_says_where_the_module_was_given(plugin_path, tmp_path):
     """The module's own error (type and message) in every case; the PYTHONPATH hint only when the
     module itself is not found; ``where`` names the source (``--import``, a run's config.yaml)."""
