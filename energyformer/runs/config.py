@@ -454,14 +454,17 @@ def _rederive(raw: dict[str, Any], given: dict[str, dict[str, Any]], classes: di
     A run's saved ``config.yaml`` holds every derived value (``attn_n_steps``, ``d_ff``, the
     schedule's step counts, ...), so a recipe read from it would keep them when an override changes
     their inputs (``--model.n_steps 3`` leaving ``attn_n_steps`` at the old 2). In a section that
-    has overrides, a derived key whose recipe value equals what its rule gives from the recipe's
+    has overrides and holds every field of its class (as :func:`save_config` writes it: a saved
+    config, not a hand-written recipe, whose ``min_lr: 1e-4`` is the author's choice even where it
+    equals the rule), a derived key whose recipe value equals what its rule gives from the recipe's
     own values counts as derived (:func:`~energyformer.utils.derived.given_values`) and is dropped
     before the overrides apply, so the built config derives it from the new values; a value
     different from its rule, or a derived key the overrides name, is kept. A recipe section that
     does not build on its own (e.g. no ``vocab_size`` yet) is left as it is.
     """
     todo = [section for section, cls in classes.items()
-            if given[section] and any(k in raw[section] and k not in given[section] for k in derived_rules(cls))]
+            if given[section] and _written_in_full(cls, raw[section])
+            and any(k not in given[section] for k in derived_rules(cls))]
     if not todo:
         return
     ns = run_config_parser(cfg_cls).parse_object(copy.deepcopy(raw))
@@ -475,6 +478,11 @@ def _rederive(raw: dict[str, Any], given: dict[str, dict[str, Any]], classes: di
         for key in derived_rules(cls):
             if key in raw[section] and key not in kept and key not in given[section]:
                 del raw[section][key]
+
+
+def _written_in_full(cls: type, section: Mapping[str, Any]) -> bool:
+    """Whether a recipe section names every field of ``cls``, as a saved config.yaml does."""
+    return all(f.name in section for f in dataclasses.fields(cls) if f.init)
 
 
 def _recipe_defaults(parser: RunConfigParser, raw: dict[str, Any], cfg_cls: type[ModelConfig]) -> None:

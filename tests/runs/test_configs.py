@@ -418,3 +418,15 @@ def test_a_saved_config_used_as_a_recipe_derives_again_from_its_overrides(tmp_pa
     assert (cfg.model.attn_n_steps, cfg.model.mlp_n_steps) == (4, 1)
     cfg = load_config(saved, ["--model.n_steps", "4", "--model.attn_n_steps", "2"])
     assert (cfg.model.attn_n_steps, cfg.model.mlp_n_steps) == (2, 1)
+
+
+def test_a_hand_written_recipe_keeps_the_derived_values_it_names_under_overrides(tmp_path):
+    """Only a section written in full (a saved config.yaml) derives again: a hand-written recipe's
+    min_lr 1e-4 and d_ff 352 are the author's, even where they equal the rule (lr / 10, the rule's d_ff)."""
+    recipe = tmp_path / "llama.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "model": {"arch": "llama", "vocab_size": 65, "d_model": 128, "n_heads": 4, "n_layers": 2, "d_ff": 352},
+        "train": {"learning_rate": 1e-3, "min_lr": 1e-4}}))
+    assert load_config(recipe).model.d_ff == 352 and load_config(recipe).train.min_lr == 1e-4
+    cfg = load_config(recipe, ["--train.learning_rate", "3e-3", "--model.d_model", "192"])
+    assert (cfg.train.min_lr, cfg.model.d_ff) == (1e-4, 352)
