@@ -40,6 +40,7 @@ import torch.nn as nn
 from energyformer.models.base import CausalLM
 from energyformer.models.config import INFERENCE_OPTIONS, ModelConfig, forward_options
 from energyformer.utils.derived import given_values
+from energyformer.utils.registry import PLUGIN_HINT
 
 __all__ = ["ArchSpec", "ARCH_SPECS", "ARCHS", "LANGUAGE_MODELS", "INFERENCE_OPTIONS", "LM_TRAIN_LOOP",
            "register_arch", "unregister_arch", "get_spec", "get_arch", "inference_options", "config_from_dict",
@@ -228,7 +229,7 @@ def get_spec(arch: Any) -> ArchSpec:
         return ARCH_SPECS[arch]
     except (KeyError, TypeError):
         raise ValueError(f"model.arch={arch!r} is not valid; expected one of "
-                         f"{', '.join(repr(a) for a in ARCH_SPECS)}") from None
+                         f"{', '.join(repr(a) for a in ARCH_SPECS)}{PLUGIN_HINT}") from None
 
 
 class _ArchTable(Mapping):

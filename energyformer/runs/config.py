@@ -128,7 +128,11 @@ class TrainConfig:
             constant, then a linear cooldown to ``min_lr`` over the last ``cooldown_steps`` before
             ``lr_decay_steps``).
         warmup_steps: linear warmup steps.
-        lr_decay_steps: step at which the decay reaches ``min_lr`` (default ``max_steps``).
+        lr_decay_steps: step at which the decay reaches ``min_lr`` (default ``max_steps``). Steps count
+            from 0 (``optim.lr_at``), so with the default the last step, ``max_steps - 1``, is one step
+            short of ``min_lr``: a wsd cooldown of ``c`` steps ends at ``min_lr + (learning_rate - min_lr) / c``
+            (the default cooldown of 100 steps of 1000 stops 1% of the range above ``min_lr``; one of 1 step
+            does not lower the rate at all). Give ``lr_decay_steps = max_steps - 1`` to end exactly at ``min_lr``.
         cooldown_steps: with ``lr_schedule="wsd"``, the steps of the linear cooldown that ends at
             ``lr_decay_steps`` (default a tenth of ``lr_decay_steps``); must be 0 (the default)
             with the other schedules.
@@ -251,7 +255,8 @@ class TrainConfig:
         check_int("train.cooldown_steps", self.cooldown_steps, 0)
         if self.cooldown_steps and self.lr_schedule != "wsd":
             raise ValueError(f"train.cooldown_steps={self.cooldown_steps} needs train.lr_schedule='wsd' "
-                             f"(got {self.lr_schedule!r}); leave it at 0 for the other schedules")
+                             f"(got {self.lr_schedule!r}); set it to 0 for the other schedules "
+                             "(--train.cooldown_steps 0)")
         check_float("train.weight_decay", self.weight_decay, 0.0)
         check_float("train.beta1", self.beta1, 0.0, maximum=0.999999)
         check_float("train.beta2", self.beta2, 0.0, maximum=0.999999)
@@ -406,6 +411,12 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any], overrides: Sequenc
     raw, stem, recipe_imports = _read_raw(path_or_dict)
     # checked and imported (a plugin may register the arch the recipe names, an ArchSpec): the
     # recipe's, then the extra ones, once each
+    try:
+        recipe_imports = load_plugins(recipe_imports)
+    except ValueError as e:  # (a PluginError too) named by the file that lists them
+        if not isinstance(path_or_dict, (str, Path)):
+            raise
+        raise type(e)(f"{str(path_or_dict)!r}: {e}") from e
     imports = load_plugins(recipe_imports, [imports] if isinstance(imports, str) else list(imports))
     arch = _arch_override(overrides) or raw["model"].get("arch")
     if arch is None:

@@ -69,6 +69,10 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     ``lr_schedule="wsd"`` (warmup-stable-decay): ``learning_rate`` after warmup until
     ``lr_decay_steps - cooldown_steps``, then a linear cooldown that reaches ``min_lr`` at
     ``lr_decay_steps``, then ``min_lr``.
+
+    A run's steps are ``0 … max_steps - 1`` (the log's ``step s/S`` is ``lr_at(s - 1)``), so with the
+    default ``lr_decay_steps = max_steps`` the last step is one short of ``min_lr`` (this convention is
+    kept: the published runs were trained on it).
     """
     lr, min_lr = cfg.learning_rate, cfg.min_lr
     if step < cfg.warmup_steps:

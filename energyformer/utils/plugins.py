@@ -110,6 +110,10 @@ def load_plugins(modules: Iterable[str] | None = (), *more: Iterable[str] | None
             missing = isinstance(e, ModuleNotFoundError) and e.name is not None and (
                 module == e.name or module.startswith(e.name + "."))  # not found, not an import inside it
             hint = "; its directory must be on PYTHONPATH (or the module installed)" if missing else ""
+            if missing and (module.endswith(".py") or "/" in module or "\\" in module):
+                stem = module.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".py")
+                hint = (f"; give a module name, not a file: {stem!r}, with its directory on PYTHONPATH "
+                        f"(e.g. PYTHONPATH=. energyformer --import {stem} ...)")
             raise PluginError(f"{where}: plugin module {module!r} failed to import ({_one_line(e)}){hint}") from e
     return names
 

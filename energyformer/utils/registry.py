@@ -33,6 +33,11 @@ T = TypeVar("T")
 REGISTRIES: dict[str, Registry] = {}
 
 
+#: the end of an unknown-name error: a plugin's names are registered when its module is imported
+PLUGIN_HINT = (" (a plugin's name is known once its module is imported: the recipe's imports: [MODULE] or "
+               "energyformer --import MODULE)")
+
+
 class Registry(Generic[T]):
     """A mapping ``name -> entry`` for one option family.
 
@@ -90,7 +95,8 @@ class Registry(Generic[T]):
             return self._entries[name]
         except (KeyError, TypeError):
             allowed = ", ".join(repr(k) for k in self._entries)
-            raise ValueError(f"{option or self.option}={name!r} is not valid; expected one of {allowed}") from None
+            raise ValueError(f"{option or self.option}={name!r} is not valid; expected one of {allowed}"
+                             f"{PLUGIN_HINT}") from None
 
     def check(self, name: Any, option: str | None = None) -> Any:
         """Raise ``ValueError`` (as :meth:`get`) unless ``name`` is registered; return ``name``."""

@@ -200,6 +200,20 @@ def test_a_plugin_error_shows_its_own_exception_and_says_where_the_module_was_gi
     (run / "config.yaml").write_text("imports: ''\n")
     with pytest.raises(ValueError, match=re.escape(f"{str(run / 'config.yaml')!r}: imports='' must be a list")):
         load_run_plugins(run)
+    # every command that reads a run (sample, info, export, eval, compare: read_run_config) names its file
+    from energyformer.commands import sample
+    from energyformer.runs.config import load_config
+
+    (run / "config.yaml").write_text("imports: [no_such_plugin_module]\nmodel: {arch: gpt, vocab_size: 11}\n")
+    with pytest.raises(PluginError, match=re.escape(f"{str(run / 'config.yaml')!r}: imports: plugin module "
+                                                    "'no_such_plugin_module' failed to import")):
+        sample(str(run), prompt="a", max_new_tokens=1)
+    with pytest.raises(PluginError, match=re.escape(f"{str(run / 'config.yaml')!r}: imports:")):
+        load_config(run / "config.yaml")
+    # a file given for a module: the hint names the module
+    with pytest.raises(PluginError, match=re.escape("give a module name, not a file: 'myopts', with its directory "
+                                                    "on PYTHONPATH (e.g. PYTHONPATH=. energyformer --import myopts")):
+        load_plugins(["plugins/myopts.py"], where="--import")
 
 
 def test_a_run_configs_imports_are_checked_and_imported_by_load_plugins_alone(plugin_path, monkeypatch):
@@ -222,9 +236,10 @@ def test_a_run_configs_imports_are_checked_and_imported_by_load_plugins_alone(pl
     monkeypatch.setattr(configuration, "load_plugins", spy)
     model = {"arch": "cem", "vocab_size": 11, "interaction": "warm_diag_plugin"}
     cfg = run_config.load_config({"imports": [mod], "model": model}, imports=[f" {mod} "])
-    assert calls == [([mod], [f" {mod} "])] and cfg.imports == [mod]
+    # the recipe's first (an error names the recipe file), then merged with the extra ones
+    assert calls == [([mod],), ([mod], [f" {mod} "])] and cfg.imports == [mod]
     hf = configuration.config_for(cfg.model, imports=[mod])
-    assert calls[1:] == [([mod],)] and hf.imports == [mod]
+    assert calls[2:] == [([mod],)] and hf.imports == [mod]
     messages = []
     for make in (lambda: run_config.load_config({"imports": mod, "model": model}),
                  lambda: configuration.config_for(cfg.model, imports=mod)):

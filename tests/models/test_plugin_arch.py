@@ -207,8 +207,17 @@ def test_a_run_trained_with_import_resumes_and_fine_tunes_without_it(plugin, tmp
 
 
 def test_an_unregistered_arch_is_one_line_naming_the_registered_ones():
-    with pytest.raises(ValueError, match=r"model.arch='toy_steps' is not valid; expected one of 'gpt', "):
+    """... and saying how a plugin's name becomes known (an interaction's or any registry's name too)."""
+    from energyformer.runs.config import load_config
+
+    hint = ("(a plugin's name is known once its module is imported: the recipe's imports: [MODULE] or "
+            "energyformer --import MODULE)")
+    with pytest.raises(ValueError, match=r"model.arch='toy_steps' is not valid; expected one of 'gpt', ") as err:
         registry.get_spec(ARCH)
+    assert str(err.value).endswith(hint) and "\n" not in str(err.value)
+    with pytest.raises(ValueError, match=r"interaction='quad' is not valid; expected one of 'lowrank'") as err:
+        load_config({"model": {"arch": "cem", "vocab_size": 11, "interaction": "quad"}})
+    assert str(err.value).endswith(hint)
 
 
 def test_a_second_spec_under_a_taken_name_is_refused(plugin):
