@@ -253,7 +253,10 @@ def import_hf(src: str | Path, out: str | Path, progress: bool = False, force: b
     if str(model_type).startswith("energyformer_"):
         # an export of a run with plugins lists them: imported first (a plugin arch registers its model
         # type with transformers here), and kept in the run's config.yaml
-        imports = load_plugins(raw.get("imports"), where=f"{str(src / 'config.json')!r} imports")
+        try:
+            imports = load_plugins(raw.get("imports"))
+        except ValueError as e:  # (a PluginError too) named by the file that lists them
+            raise type(e)(f"{str(src / 'config.json')!r}: {e}") from e
         arch = (raw.get("energyformer") or {}).get("arch")
         if isinstance(arch, str) and arch not in LANGUAGE_MODELS:
             raise ValueError(f"{str(src / 'config.json')!r} holds arch {arch!r}, which is not a registered "

@@ -111,9 +111,10 @@ def load_plugins(modules: Iterable[str] | None = (), *more: Iterable[str] | None
                 module == e.name or module.startswith(e.name + "."))  # not found, not an import inside it
             hint = "; its directory must be on PYTHONPATH (or the module installed)" if missing else ""
             if missing and (module.endswith(".py") or "/" in module or "\\" in module):
-                stem = module.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".py")
+                folder, _, stem = module.replace("\\", "/").rpartition("/")
+                stem = stem.removesuffix(".py")
                 hint = (f"; give a module name, not a file: {stem!r}, with its directory on PYTHONPATH "
-                        f"(e.g. PYTHONPATH=. energyformer --import {stem} ...)")
+                        f"(e.g. PYTHONPATH={folder or '.'} energyformer --import {stem} ...)")
             raise PluginError(f"{where}: plugin module {module!r} failed to import ({_one_line(e)}){hint}") from e
     return names
 

@@ -212,7 +212,7 @@ def test_a_plugin_error_shows_its_own_exception_and_says_where_the_module_was_gi
         load_config(run / "config.yaml")
     # a file given for a module: the hint names the module
     with pytest.raises(PluginError, match=re.escape("give a module name, not a file: 'myopts', with its directory "
-                                                    "on PYTHONPATH (e.g. PYTHONPATH=. energyformer --import myopts")):
+                                                    "on PYTHONPATH (e.g. PYTHONPATH=plugins energyformer --import myopts")):
         load_plugins(["plugins/myopts.py"], where="--import")
 
 
