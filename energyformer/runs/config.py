@@ -423,8 +423,16 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any], overrides: Sequenc
         raise ValueError(f"the model section needs an 'arch' key, one of {sorted(ARCHS)}")
     _, cfg_cls = get_arch(arch)  # an unknown arch: one line listing the registered ones
     override_parser = run_config_parser(cfg_cls, overrides=True)
-    if any(tok in ("--help", "-h") for tok in overrides):  # the help shows the recipe's values
-        _recipe_defaults(override_parser, raw, cfg_cls)
+    if any(tok in ("--help", "-h") for tok in overrides):  # the help shows the recipe's values, overridden
+        shown = copy.deepcopy(raw)
+        try:
+            rest = override_parser.parse_args([t for t in overrides if t not in ("--help", "-h")],
+                                              defaults=False).as_dict()
+        except (SystemExit, ValueError):  # a bad override: the recipe's values (the run reports it)
+            rest = {}
+        for section in SECTIONS:
+            shown[section].update(rest.get(section) or {})
+        _recipe_defaults(override_parser, shown, cfg_cls)
         override_parser.set_defaults({"model.arch": arch})
     given = override_parser.parse_args(list(overrides), defaults=False).as_dict()
     given = {section: dict(given.get(section) or {}) for section in SECTIONS}

@@ -279,6 +279,11 @@ def test_recipe_help_shows_the_recipes_values(recipe, capsys):
     assert shown["model.d_model"] == "32" and shown["model.n_heads"] == "2", shown
     assert shown["train.max_steps"] == "20" and shown["train.learning_rate"] == "0.003"
     assert shown["model.arch"] == "gpt"
+    # with overrides, their values
+    assert main(["train", str(path), "--train.max_steps", "7", "--model.d_model=48", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    shown = dict(re.findall(r"--(\w+\.\w+) [A-Z_]+ .*?\(type: [^,]+, default: ([^)]*)\)", out))
+    assert shown["train.max_steps"] == "7" and shown["model.d_model"] == "48" and shown["model.n_heads"] == "2"
 
 
 # the pages whose shell blocks show command lines (the README's reference moved to docs/ and results/)
