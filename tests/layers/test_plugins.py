@@ -211,8 +211,9 @@ def test_a_plugin_error_shows_its_own_exception_and_says_where_the_module_was_gi
     with pytest.raises(PluginError, match=re.escape(f"{str(run / 'config.yaml')!r}: imports:")):
         load_config(run / "config.yaml")
     # a file given for a module: the hint names the module
-    with pytest.raises(PluginError, match=re.escape("give a module name, not a file: 'myopts', with its directory "
-                                                    "on PYTHONPATH (e.g. PYTHONPATH=plugins energyformer --import myopts")):
+    hint = ("give a module name, not a file: 'myopts', with its directory on PYTHONPATH "
+            "(e.g. PYTHONPATH=plugins energyformer --import myopts")
+    with pytest.raises(PluginError, match=re.escape(hint)):
         load_plugins(["plugins/myopts.py"], where="--import")
 
 
