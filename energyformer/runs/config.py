@@ -39,7 +39,7 @@ from energyformer._validate import check_choice, check_float, check_int
 from energyformer.models.base import ModelConfig
 from energyformer.models.registry import ARCHS, get_arch
 from energyformer.runs.parser import ArgParser, type_name
-from energyformer.runs.recipe import IMPORTS_KEY, deep_merge, read_recipe
+from energyformer.runs.recipe import IMPORTS_KEY, deep_merge, imports_source, read_recipe
 from energyformer.utils.derived import Rule, derived_rules, fill_derived, given_values
 from energyformer.utils.io import atomic_write_text
 from energyformer.utils.plugins import load_plugins
@@ -416,7 +416,7 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any], overrides: Sequenc
     except ValueError as e:  # (a PluginError too) named by the file that lists them
         if not isinstance(path_or_dict, (str, Path)):
             raise
-        raise type(e)(f"{str(path_or_dict)!r}: {e}") from e
+        raise type(e)(f"{str(imports_source(path_or_dict))!r}: {e}") from e
     imports = load_plugins(recipe_imports, [imports] if isinstance(imports, str) else list(imports))
     arch = _arch_override(overrides) or raw["model"].get("arch")
     if arch is None:

@@ -120,3 +120,17 @@ def _read_chain(path: Path, chain: list[Path]) -> dict[str, Any]:
     if not base_path.is_file():
         raise FileNotFoundError(f"base recipe {str(base_path)!r} (base: {base} in {str(path)!r}) does not exist")
     return deep_merge(_read_chain(base_path, chain + [key]), raw)
+
+
+def imports_source(path: str | Path) -> Path:
+    """The file of the recipe chain at ``path`` whose ``imports:`` the merged recipe holds (the recipe
+    itself, or the nearest base that names them), for messages; ``path`` when none does. Read after
+    :func:`read_recipe` has checked the chain (no cycle, every base present)."""
+    here = Path(path)
+    for _ in range(64):  # a chain is short; read_recipe has refused cycles
+        raw = read_yaml_mapping(here)
+        base = raw.get(BASE_KEY)
+        if raw.get(IMPORTS_KEY) is not None or not isinstance(base, str):
+            return here
+        here = here.parent / base
+    return Path(path)

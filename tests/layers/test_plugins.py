@@ -210,6 +210,11 @@ def test_a_plugin_error_shows_its_own_exception_and_says_where_the_module_was_gi
         sample(str(run), prompt="a", max_new_tokens=1)
     with pytest.raises(PluginError, match=re.escape(f"{str(run / 'config.yaml')!r}: imports:")):
         load_config(run / "config.yaml")
+    # a base recipe's imports: named by the base, the file that lists them
+    (tmp_path / "base.yaml").write_text("imports: [no_such_plugin_module]\nmodel: {arch: gpt, vocab_size: 11}\n")
+    (tmp_path / "child.yaml").write_text("base: base.yaml\ntrain: {max_steps: 3}\n")
+    with pytest.raises(PluginError, match=re.escape(f"{str(tmp_path / 'base.yaml')!r}: imports:")):
+        load_config(tmp_path / "child.yaml")
     # a file given for a module: the hint names the module
     hint = ("give a module name, not a file: 'myopts', with its directory on PYTHONPATH "
             "(e.g. PYTHONPATH=plugins energyformer --import myopts")
