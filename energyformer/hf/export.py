@@ -60,7 +60,7 @@ from energyformer.runs.rundir import (
 )
 from energyformer.runs.weights import save_weights
 from energyformer.utils.io import atomic_write_json, usual_mode
-from energyformer.utils.plugins import load_plugins
+from energyformer.utils.plugins import load_listed_plugins
 
 #: ``as_`` values of :func:`export_run`
 EXPORT_FORMATS = ("energyformer", "llama", "gpt2")
@@ -253,10 +253,7 @@ def import_hf(src: str | Path, out: str | Path, progress: bool = False, force: b
     if str(model_type).startswith("energyformer_"):
         # an export of a run with plugins lists them: imported first (a plugin arch registers its model
         # type with transformers here), and kept in the run's config.yaml
-        try:
-            imports = load_plugins(raw.get("imports"))
-        except ValueError as e:  # (a PluginError too) named by the file that lists them
-            raise type(e)(f"{str(src / 'config.json')!r}: {e}") from e
+        imports = load_listed_plugins(raw.get("imports"), src / "config.json")
         arch = (raw.get("energyformer") or {}).get("arch")
         if isinstance(arch, str) and arch not in LANGUAGE_MODELS:
             raise ValueError(f"{str(src / 'config.json')!r} holds arch {arch!r}, which is not a registered "

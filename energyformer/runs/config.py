@@ -42,7 +42,7 @@ from energyformer.runs.parser import ArgParser, type_name
 from energyformer.runs.recipe import IMPORTS_KEY, deep_merge, imports_source, read_recipe
 from energyformer.utils.derived import Rule, derived_rules, fill_derived, given_values
 from energyformer.utils.io import atomic_write_text
-from energyformer.utils.plugins import load_plugins
+from energyformer.utils.plugins import load_listed_plugins, load_plugins
 
 SECTIONS = ("model", "data", "train")
 LR_SCHEDULES = ("cosine", "exponential", "constant", "wsd")
@@ -411,12 +411,8 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any], overrides: Sequenc
     raw, stem, recipe_imports = _read_raw(path_or_dict)
     # checked and imported (a plugin may register the arch the recipe names, an ArchSpec): the
     # recipe's, then the extra ones, once each
-    try:
-        recipe_imports = load_plugins(recipe_imports)
-    except ValueError as e:  # (a PluginError too) named by the file that lists them
-        if not isinstance(path_or_dict, (str, Path)):
-            raise
-        raise type(e)(f"{str(imports_source(path_or_dict))!r}: {e}") from e
+    if isinstance(path_or_dict, (str, Path)):  # an error names the file that lists them
+        recipe_imports = load_listed_plugins(recipe_imports, imports_source(path_or_dict))
     imports = load_plugins(recipe_imports, [imports] if isinstance(imports, str) else list(imports))
     arch = _arch_override(overrides) or raw["model"].get("arch")
     if arch is None:

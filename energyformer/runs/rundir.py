@@ -45,7 +45,7 @@ from energyformer.runs.layout import (  # noqa: F401
 )
 from energyformer.runs.recipe import read_yaml_mapping
 from energyformer.utils.io import atomic_write_json, read_json_object
-from energyformer.utils.plugins import check_imports, load_plugins
+from energyformer.utils.plugins import check_imports, load_listed_plugins
 
 
 class RunDirLockedError(ValueError):
@@ -236,10 +236,7 @@ def load_run_plugins(run_dir: str | Path) -> list[str]:
     """
     path = Path(run_dir) / CONFIG_FILE
     imports = read_yaml_mapping(path).get(IMPORTS_KEY) if path.is_file() else None
-    try:
-        return load_plugins(imports)
-    except ValueError as e:  # (a PluginError too) named by the file that lists them
-        raise type(e)(f"{str(path)!r}: {e}") from e
+    return load_listed_plugins(imports, path)
 
 
 def read_run_meta(run_dir: str | Path, run_cfg: RunConfig | None = None) -> dict[str, Any]:

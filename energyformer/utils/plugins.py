@@ -21,8 +21,9 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
-__all__ = ["ENTRY_POINT_GROUP", "PluginError", "load_plugins", "check_imports"]
+__all__ = ["ENTRY_POINT_GROUP", "PluginError", "load_plugins", "load_listed_plugins", "check_imports"]
 
 ENTRY_POINT_GROUP = "energyformer.plugins"
 _entry_points_loaded = False
@@ -117,6 +118,15 @@ def load_plugins(modules: Iterable[str] | None = (), *more: Iterable[str] | None
                         f"(e.g. PYTHONPATH={folder or '.'} energyformer --import {stem} ...)")
             raise PluginError(f"{where}: plugin module {module!r} failed to import ({_one_line(e)}){hint}") from e
     return names
+
+
+def load_listed_plugins(modules: object, file: str | Path) -> list[str]:
+    """:func:`load_plugins` for the ``imports`` that ``file`` lists (a recipe, a run's config.yaml, an
+    export's config.json): an error (``ValueError``, ``PluginError`` too) starts with the file's name."""
+    try:
+        return load_plugins(modules)  # type: ignore[arg-type]
+    except ValueError as e:
+        raise type(e)(f"{str(file)!r}: {e}") from e
 
 
 def _as_list(modules: object) -> object:

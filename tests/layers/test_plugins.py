@@ -242,10 +242,9 @@ def test_a_run_configs_imports_are_checked_and_imported_by_load_plugins_alone(pl
     monkeypatch.setattr(configuration, "load_plugins", spy)
     model = {"arch": "cem", "vocab_size": 11, "interaction": "warm_diag_plugin"}
     cfg = run_config.load_config({"imports": [mod], "model": model}, imports=[f" {mod} "])
-    # the recipe's first (an error names the recipe file), then merged with the extra ones
-    assert calls == [([mod],), ([mod], [f" {mod} "])] and cfg.imports == [mod]
+    assert calls == [([mod], [f" {mod} "])] and cfg.imports == [mod]
     hf = configuration.config_for(cfg.model, imports=[mod])
-    assert calls[2:] == [([mod],)] and hf.imports == [mod]
+    assert calls[1:] == [([mod],)] and hf.imports == [mod]
     messages = []
     for make in (lambda: run_config.load_config({"imports": mod, "model": model}),
                  lambda: configuration.config_for(cfg.model, imports=mod)):
