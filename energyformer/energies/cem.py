@@ -280,11 +280,13 @@ class _DiagScoresAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qs, k, v, gq, h):
         ctx.tied = v is None
-        v = k if v is None else v
+        # q and k arrive as head views of (B, N, H·d_h): one copy here, not one per block and product
+        qs, k, gq, h = qs.contiguous(), k.contiguous(), gq.contiguous(), h.contiguous()
+        v = k if v is None else v.contiguous()
         shared = gq.dim() == 3
         n, s_len = qs.shape[2], k.shape[2]
         allowed = causal_mask(n, s_len, qs.device)
-        ys, o2s, weights = [], [], []
+        ys, o2s, weights, head_sums = [], [], [], []
         ctx.blocks = causal_row_blocks(n, s_len)
         with torch.autocast(qs.device.type, enabled=False):
             for r0, r1, e in ctx.blocks:
@@ -298,24 +300,30 @@ class _DiagScoresAttention(torch.autograd.Function):
                     scores.masked_fill_(cut, float("-inf"))
                 a = softmax_low_precision(scores)
                 ys.append(a @ v[:, :, :e])
-                o2s.append(a.sum(1) @ he if shared else torch.einsum("bhns,bsd->bhnd", a, he))
+                if shared:
+                    head_sums.append(a.sum(1))                           # kept: the backward needs it too
+                    o2s.append(head_sums[-1] @ he)
+                else:
+                    o2s.append(torch.einsum("bhns,bsd->bhnd", a, he))
                 weights.append(a)
-        ctx.save_for_backward(qs, k, None if ctx.tied else v, gq, h, *weights)
+        ctx.n_blocks = len(weights)
+        ctx.save_for_backward(qs, k, None if ctx.tied else v, gq, h, *weights, *head_sums)
         return _cat(ys, 2), _cat(o2s, 1 if shared else 2)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy, do2):
-        qs, k, v, gq, h, *weights = ctx.saved_tensors
+        qs, k, v, gq, h, *saved = ctx.saved_tensors
+        weights, head_sums = saved[:ctx.n_blocks], saved[ctx.n_blocks:]
         v = k if ctx.tied else v
         shared = gq.dim() == 3
         with torch.autocast(qs.device.type, enabled=False):
-            dy = qs.new_zeros(*qs.shape[:3], v.shape[-1]) if dy is None else dy.to(qs.dtype)
-            do2 = qs.new_zeros(gq.shape) if do2 is None else do2.to(qs.dtype)
+            dy = qs.new_zeros(*qs.shape[:3], v.shape[-1]) if dy is None else dy.to(qs.dtype).contiguous()
+            do2 = qs.new_zeros(gq.shape) if do2 is None else do2.to(qs.dtype).contiguous()
             dqs, dgq = torch.empty_like(qs), torch.empty_like(gq)
             dk, dh = torch.zeros_like(k), torch.zeros_like(h)
             dv = dk if ctx.tied else torch.zeros_like(v)
-            for (r0, r1, e), a in zip(ctx.blocks, weights):
+            for i, ((r0, r1, e), a) in enumerate(zip(ctx.blocks, weights)):
                 he, ke = h[:, :e], k[:, :, :e]
                 dyb = dy[:, :, r0:r1]
                 da = dyb @ v[:, :, :e].transpose(-1, -2)                  # ∂L/∂a (B, H, rows, e)
@@ -323,12 +331,12 @@ class _DiagScoresAttention(torch.autograd.Function):
                 if shared:
                     do2b = do2[:, r0:r1]
                     da += (do2b @ he.transpose(-1, -2))[:, None]
-                    dh[:, :e] += a.sum(1).transpose(-1, -2) @ do2b
+                    dh[:, :e] += head_sums[i].transpose(-1, -2) @ do2b
                 else:
                     do2b = do2[:, :, r0:r1]
                     da += torch.einsum("bhnd,bsd->bhns", do2b, he)
                     dh[:, :e] += torch.einsum("bhns,bhnd->bsd", a, do2b)
-                ds = da.sub_((da * a).sum(-1, keepdim=True)).mul_(a)      # softmax backward: ∂L/∂s
+                ds = torch._softmax_backward_data(da, a, -1, a.dtype)       # ∂L/∂s = a ⊙ (da − Σ_j a da), fused
                 dqs[:, :, r0:r1] = ds @ ke
                 dk[:, :, :e] += ds.transpose(-1, -2) @ qs[:, :, r0:r1]
                 if shared:
