@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from energyformer.runs.recipe import read_yaml_mapping
 from energyformer.runs.rundir import (
     CONFIG_FILE,
     SUMMARY_FILE,
@@ -30,6 +31,7 @@ from energyformer.runs.rundir import (
     read_summary,
     run_progress,
 )
+from energyformer.utils.plugins import PluginError
 
 COLUMNS = ("run", "arch", "params", "best_val_loss", "final_val_loss", "final_train_loss", "evals", "steps",
            "tokens", "minutes", "tokens_per_s")
@@ -57,14 +59,20 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def run_options(run_dir: str | Path) -> dict[str, Any]:
-    """The run's ``config.yaml`` as flat dotted keys (``{}`` when the run has none).
+    """The run's ``config.yaml`` as flat dotted keys (``{}`` when the run has none). A run whose
+    plugin (``imports:``) does not import here is read as its ``config.yaml`` is written (a run's
+    saved config holds every value): comparing runs needs their options and metrics, not their code.
 
     Raises:
-        ValueError: ``config.yaml`` does not load.
+        ValueError: ``config.yaml`` does not load (for another reason than a plugin that does not import).
     """
-    if not (Path(run_dir) / CONFIG_FILE).is_file():
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.is_file():
         return {}
-    return flatten(read_run_config(run_dir).to_dict())
+    try:
+        return flatten(read_run_config(run_dir).to_dict())
+    except PluginError:
+        return flatten(read_yaml_mapping(path))
 
 
 def differing_options(options: Sequence[dict[str, Any]]) -> list[str]:

@@ -295,7 +295,8 @@ class TrainConfig:
                 users = [name for name, keys in DEPTH_SAMPLER_KEYS.items() if key in keys]
                 raise ValueError(f"train.{key}={getattr(self, key)!r} is only read by train.depth_sampler "
                                  f"{' or '.join(repr(u) for u in users)}; got train.depth_sampler={sampler!r} "
-                                 "(leave it null)")
+                                 "(leave it null, or give train.depth_sampler too: resuming a run, the sampler "
+                                 "and its keys are kept or replaced together)")
         if sampler == "poisson_lognormal":
             if self.depth_mean is None:
                 raise ValueError("train.depth_sampler='poisson_lognormal' needs train.depth_mean, the mean depth "

@@ -192,3 +192,20 @@ def test_a_run_in_progress_is_compared_on_its_metrics_and_marked(tmp_path, capsy
     with pytest.raises(FileNotFoundError, match=r"summary\.json not found"):
         compare_runs([going])
 
+
+
+def test_a_run_whose_plugin_does_not_import_is_compared_on_its_config_as_written(tmp_path):
+    """compare needs options and metrics, not the run's code: a plugin missing here is no error."""
+    a = _run(tmp_path, "a")
+    b = _run(tmp_path, "b", model={"n_steps": 4})
+    cfg = b / "config.yaml"
+    cfg.write_text(cfg.read_text() + "imports:\n- energyformer_no_such_plugin_xyz\n")
+    with pytest.raises(ValueError, match="energyformer_no_such_plugin_xyz"):  # what train/sample would say
+        from energyformer.runs.rundir import read_run_config
+        read_run_config(b)
+    rows = compare_runs([a, b])
+    assert [r["model.n_steps"] for r in rows] == [2, 4] and rows[1]["arch"] == "nrgpt"
+    broken = _run(tmp_path, "c")
+    (broken / "config.yaml").write_text("model: [unclosed\n")
+    with pytest.raises(ValueError):  # any other failure to load is still an error
+        compare_runs([a, broken])

@@ -383,6 +383,13 @@ def test_bad_depth_values(override, match):
         load_config(minimal(learning_rate=1e-3), override)
 
 
+def test_a_depth_key_without_its_sampler_says_to_give_the_sampler():
+    """Resuming a randomized-depth run from a recipe that says ``fixed`` with only
+    ``--train.depth_max`` fails at config load: the message says to give the sampler too."""
+    with pytest.raises(ValueError, match=r"give train.depth_sampler too: resuming a run, the sampler and its keys"):
+        load_config(minimal(learning_rate=1e-3), ["--train.depth_max", "2"])
+
+
 def test_depth_keys_default_to_todays_training_and_round_trip(tmp_path):
     tc = load_config(minimal()).train
     assert (tc.depth_sampler, tc.depth_mean, tc.depth_min, tc.depth_max, tc.backprop_steps) == \
