@@ -454,13 +454,26 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any], overrides: Sequenc
     if resolve_vocab and raw["model"].get("vocab_size") is None:
         data = DataConfig(**ns.data.as_dict())
         ns.model.vocab_size, meta = _vocab_from_meta(data.path, default_vocab_size)
-    model = cfg_cls(**ns.model.as_dict())
+    model = _build_model_config(cfg_cls, ns.model.as_dict())
     data = data if data is not None else DataConfig(**ns.data.as_dict())
     train = TrainConfig(**ns.train.as_dict())
     explicit = {section: frozenset(raw[section]) for section in SECTIONS}
     overridden = {section: frozenset(given[section]) for section in SECTIONS}
     return RunConfig(model=model, data=data, train=train, explicit=explicit, overridden=overridden,
                      imports=imports, data_meta=meta)
+
+
+def _build_model_config(cfg_cls: type[ModelConfig], values: dict[str, Any]) -> ModelConfig:
+    """``cfg_cls(**values)``, an invalid value's message naming its key as the recipe and the command
+    line spell it (``model.d_model=-4 …``, as ``train.`` and ``data.`` keys are named): the config
+    classes, also built in Python, name the bare field."""
+    try:
+        return cfg_cls(**values)
+    except ValueError as e:
+        key = str(e).split("=", 1)[0]
+        if key in {f.name for f in fields(cfg_cls)}:
+            raise type(e)(f"model.{e}") from None
+        raise
 
 
 def _rederive(raw: dict[str, Any], given: dict[str, dict[str, Any]], classes: dict[str, type],

@@ -437,3 +437,20 @@ def test_a_hand_written_recipe_keeps_the_derived_values_it_names_under_overrides
     assert load_config(recipe).model.d_ff == 352 and load_config(recipe).train.min_lr == 1e-4
     cfg = load_config(recipe, ["--train.learning_rate", "3e-3", "--model.d_model", "192"])
     assert (cfg.train.min_lr, cfg.model.d_ff) == (1e-4, 352)
+
+
+@pytest.mark.parametrize("model, override, match", [
+    ({"arch": "gpt"}, ["--model.d_model", "-4"], r"^model\.d_model=-4 must be >= 1"),
+    ({"arch": "gpt"}, ["--model.n_heads", "3"], r"^model\.n_heads=3 must divide d_model=16"),
+    ({"arch": "cem", "interaction": "quad"}, [], r"^model\.interaction='quad' is not valid; expected one of 'lowrank'"),
+    ({"arch": "cem"}, ["--model.preconditioner", "foo"], r"^model\.preconditioner='foo' is not valid"),
+])
+def test_a_model_value_error_names_its_key_as_the_recipe_spells_it(model, override, match):
+    """``model.`` like ``train.``/``data.`` keys (the config classes built in Python name the bare field)."""
+    recipe = minimal()
+    recipe["model"].update(model)
+    with pytest.raises(ValueError, match=match):
+        load_config(recipe, override)
+    from energyformer.models.cem import CEMConfig
+    with pytest.raises(ValueError, match=r"^interaction='quad' is not valid"):
+        CEMConfig(vocab_size=11, d_model=16, n_heads=2, interaction="quad")
