@@ -5,17 +5,28 @@ so that a mistyped YAML key or flag is fixed in one look.
 """
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Iterable
 from typing import Any
 
 
+def did_you_mean(value: Any, choices: Iterable[Any]) -> str:
+    """`` (did you mean 'diag_shared'?)`` for a string close to one of the string ``choices``
+    (``difflib``'s ratio ≥ 0.6); ``""`` otherwise."""
+    if not isinstance(value, str):
+        return ""
+    close = difflib.get_close_matches(value, [c for c in choices if isinstance(c, str)], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
-    """Raise ``ValueError`` unless ``value`` is one of ``choices``; return it."""
+    """Raise ``ValueError`` unless ``value`` is one of ``choices``; return it. The message names the
+    closest choice of a mistyped string (:func:`did_you_mean`)."""
     choices = tuple(choices)
     if value not in choices:
         allowed = ", ".join(repr(c) for c in choices)
-        raise ValueError(f"{name}={value!r} is not valid; expected one of {allowed}")
+        raise ValueError(f"{name}={value!r} is not valid{did_you_mean(value, choices)}; expected one of {allowed}")
     return value
 
 

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch.nn as nn
 
+from energyformer._validate import did_you_mean
 from energyformer.models.base import CausalLM
 from energyformer.models.config import INFERENCE_OPTIONS, ModelConfig, forward_options
 from energyformer.utils.derived import given_values
@@ -228,7 +229,7 @@ def get_spec(arch: Any) -> ArchSpec:
     try:
         return ARCH_SPECS[arch]
     except (KeyError, TypeError):
-        raise ValueError(f"model.arch={arch!r} is not valid; expected one of "
+        raise ValueError(f"model.arch={arch!r} is not valid{did_you_mean(arch, ARCH_SPECS)}; expected one of "
                          f"{', '.join(repr(a) for a in ARCH_SPECS)}{PLUGIN_HINT}") from None
 
 

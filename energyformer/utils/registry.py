@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from energyformer._validate import did_you_mean
+
 T = TypeVar("T")
 
 #: every registry created so far, by option name (filled as the modules that define them are imported)
@@ -95,8 +97,8 @@ class Registry(Generic[T]):
             return self._entries[name]
         except (KeyError, TypeError):
             allowed = ", ".join(repr(k) for k in self._entries)
-            raise ValueError(f"{option or self.option}={name!r} is not valid; expected one of {allowed}"
-                             f"{PLUGIN_HINT}") from None
+            raise ValueError(f"{option or self.option}={name!r} is not valid{did_you_mean(name, self._entries)}; "
+                             f"expected one of {allowed}{PLUGIN_HINT}") from None
 
     def check(self, name: Any, option: str | None = None) -> Any:
         """Raise ``ValueError`` (as :meth:`get`) unless ``name`` is registered; return ``name``."""

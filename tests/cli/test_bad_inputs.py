@@ -125,7 +125,7 @@ CLI_CASES = [
      r"base recipe .*nope\.yaml' .* does not exist"),
     ("recipe-no-arch", lambda c: c.train(recipe=c.recipe(text="model: {d_model: 8}\n")), r"needs an 'arch' key"),
     # --- overrides and values ---
-    ("unknown-arch", lambda c: c.train("--model.arch", "gpt5"), r"model\.arch='gpt5' is not valid; expected one of"),
+    ("unknown-arch", lambda c: c.train("--model.arch", "gpt5"), r"model\.arch='gpt5' is not valid \(did you mean 'gpt'\?\); expected one of"),
     ("unknown-model-key", lambda c: c.train("--model.d_modle", "8"),
      r"unknown config key 'model\.d_modle' \(did you mean 'd_model'\?\)"),
     ("unknown-train-key", lambda c: c.train("--train.max_step", "8"),
@@ -143,7 +143,7 @@ CLI_CASES = [
     ("lr-schedule-unknown", lambda c: c.train("--train.lr_schedule", "linear"),
      r"train\.lr_schedule='linear' is not valid"),
     ("dtype-unknown", lambda c: c.train("--train.dtype", "float16"),
-     r"train\.dtype='float16' is not valid; expected one of 'float32', 'bfloat16'"),
+     r"train\.dtype='float16' is not valid \(did you mean 'bfloat16'\?\); expected one of 'float32', 'bfloat16'"),
     ("device-unknown", lambda c: c.train("--train.device", "tpu"), r"train\.device='tpu' is not valid"),
     ("parallel-unknown", lambda c: c.train("--train.parallel", "mpi"),
      r"train\.parallel='mpi' is not valid; expected one of 'ddp', 'fsdp'"),

@@ -454,3 +454,15 @@ def test_a_model_value_error_names_its_key_as_the_recipe_spells_it(model, overri
     from energyformer.models.cem import CEMConfig
     with pytest.raises(ValueError, match=r"^interaction='quad' is not valid"):
         CEMConfig(vocab_size=11, d_model=16, n_heads=2, interaction="quad")
+
+
+@pytest.mark.parametrize("override, match", [
+    (["--train.lr_schedule", "cosin"], r"train.lr_schedule='cosin' is not valid \(did you mean 'cosine'\?\); expected"),
+    (["--model.arch", "lama"], r"model.arch='lama' is not valid \(did you mean 'llama'\?\); expected"),
+    (["--model.arch", "cem", "--model.interaction", "diag_shard"],
+     r"model.interaction='diag_shard' is not valid \(did you mean 'diag_shared'\?\); expected"),
+    (["--model.arch", "cem", "--model.interaction", "zzz"], r"model.interaction='zzz' is not valid; expected"),
+])
+def test_a_mistyped_value_names_the_closest_choice(override, match):
+    with pytest.raises(ValueError, match=match):
+        load_config(minimal(), override)
