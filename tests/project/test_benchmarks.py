@@ -436,7 +436,8 @@ def test_gpu_check_rows_are_saved_stopped_at_their_share_and_errors_are_rows(gpu
     assert s3[0]["running"]["limit_s"] == pytest.approx(2.0, abs=0.2)  # half of 4 s (equal weights)
     ctx.min_row_s = 3.0  # the first row gets at least this while the section has it
     gc.guarded_rows(ctx, "s4", time.monotonic() + 4.0, items, lambda c, n, i: {"name": n})
-    assert saved[-4]["sections"]["s4"]["running"]["limit_s"] == pytest.approx(3.0, abs=0.05)
+    first = next(s["sections"]["s4"] for s in saved if "s4" in s["sections"])  # saved before row 'a'
+    assert first["running"]["limit_s"] == pytest.approx(3.0, abs=0.05)  # (how many saves follow depends on load)
 
 
 def test_gpu_check_pytest_counts_only_passes(gpu_check):
