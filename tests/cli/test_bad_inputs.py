@@ -125,7 +125,8 @@ CLI_CASES = [
      r"base recipe .*nope\.yaml' .* does not exist"),
     ("recipe-no-arch", lambda c: c.train(recipe=c.recipe(text="model: {d_model: 8}\n")), r"needs an 'arch' key"),
     # --- overrides and values ---
-    ("unknown-arch", lambda c: c.train("--model.arch", "gpt5"), r"model\.arch='gpt5' is not valid \(did you mean 'gpt'\?\); expected one of"),
+    ("unknown-arch", lambda c: c.train("--model.arch", "gpt5"),
+     r"model\.arch='gpt5' is not valid \(did you mean 'gpt'\?\); expected one of"),
     ("unknown-model-key", lambda c: c.train("--model.d_modle", "8"),
      r"unknown config key 'model\.d_modle' \(did you mean 'd_model'\?\)"),
     ("unknown-train-key", lambda c: c.train("--train.max_step", "8"),
