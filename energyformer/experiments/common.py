@@ -352,7 +352,8 @@ def train_now(ctx: Context, run: str, cfg: Mapping[str, Any]) -> None:
         ctx.say(f"  {run}: diverged ({summary['message']})")
     else:
         ctx.say(f"  {run}: best val {summary['best_val_loss']:.4f}, {summary['params']:,} params, "
-                f"{summary['minutes']:.1f} min")
+                f"{summary['minutes']:.1f} min" + (f" ({summary['cpu_minutes']:.1f} CPU-min)"
+                                                    if summary.get("cpu_minutes") is not None else ""))
 
 
 def _outcome(ctx: Context, run: str) -> dict[str, Any]:

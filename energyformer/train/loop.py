@@ -91,7 +91,8 @@ def train(run_cfg: RunConfig, *, progress: bool | None = None) -> dict[str, Any]
     Returns:
         Summary dict (also ``summary.json``): ``steps`` (final step), ``steps_this_run``,
         ``resumed_from`` (step or None), ``best_val_loss``, ``final_val_loss``,
-        ``final_train_loss``, ``tokens_per_s`` and ``minutes`` (over all segments of the run),
+        ``final_train_loss``, ``tokens_per_s``, ``minutes`` and ``cpu_minutes`` (wall clock and this
+        process's CPU time, over all segments of the run),
         ``params``, ``params_non_embedding``, ``mfu`` (from the measured training FLOPs per token
         of :func:`energyformer.models.flops.training_flops_per_token`; None when the peak FLOP/s
         is unknown), ``device``, ``world_size``, ``out_dir``.
@@ -121,7 +122,7 @@ def train(run_cfg: RunConfig, *, progress: bool | None = None) -> dict[str, Any]
 
 
 def _train(run_cfg: RunConfig, info: dist.DistInfo, progress: bool | None) -> dict[str, Any]:
-    t_start = time.perf_counter()
+    t_start = (time.perf_counter(), time.process_time())  # wall clock; this process's CPU time
     out_dir = Path(run_cfg.train.out_dir)
     show = progress is not False and info.is_main
     say: Callable[[str], None] = tqdm.write if show else (lambda msg: None)
@@ -286,7 +287,7 @@ class _Loop:
 
     def __init__(self, run_cfg: RunConfig, data: _Data, info: dist.DistInfo, model: nn.Module,
                  optimizer: torch.optim.Optimizer, data_gen: torch.Generator, *, amp: Any,
-                 say: Callable[[str], None], t_start: float, wrapped: nn.Module, fwd: nn.Module,
+                 say: Callable[[str], None], t_start: tuple[float, float], wrapped: nn.Module, fwd: nn.Module,
                  flops_per_token: float):
         from energyformer.data import BatchSampler
 
@@ -298,7 +299,7 @@ class _Loop:
         self.n_params, self.n_params_ne = model.num_params(), model.num_params(non_embedding=True)
         self.step = self.start_step = 0
         self.best_val, self.train_loss, self.last_eval = math.inf, math.nan, {}
-        self.totals = {"train_time_s": 0.0, "tokens": 0, "wall_s": 0.0}
+        self.totals = {"train_time_s": 0.0, "tokens": 0, "wall_s": 0.0, "cpu_s": 0.0}
         self.wrapped, self.fwd, self.flops_per_token = wrapped, fwd, flops_per_token
         self.peak = peak_flops(info.device)
         self.pending: list[tuple[int, float, torch.Tensor]] = []  # (step, lr, [loss, grad norm]) not yet read
@@ -467,8 +468,7 @@ class _Loop:
             CheckpointWriteError: the checkpoint could not be written (the last one is kept).
         """
         info, step = self.info, self.step
-        extra = {"train_loss": self.train_loss, **self.totals,
-                 "wall_s": self.totals["wall_s"] + time.perf_counter() - self.t_start, **self.depth.state()}
+        extra = {"train_loss": self.train_loss, **self.totals, **self._elapsed(), **self.depth.state()}
         common = dict(extra=extra, data=self.data.identity)
         try:
             if info.enabled and self.tc.parallel == "fsdp" and self.tc.fsdp_checkpoint == "sharded":
@@ -493,12 +493,20 @@ class _Loop:
                 + _kept_msg(self.out_dir)) from None
         info.barrier()
 
+    def _elapsed(self) -> dict[str, float]:
+        """``wall_s`` and ``cpu_s`` over all segments of the run: wall-clock seconds, and the CPU
+        seconds of this process (every thread; a pause or another job on the cores adds to the
+        first, not to the second)."""
+        wall0, cpu0 = self.t_start
+        return {"wall_s": self.totals["wall_s"] + time.perf_counter() - wall0,
+                "cpu_s": self.totals["cpu_s"] + time.process_time() - cpu0}
+
     def summary(self, resumed: bool) -> dict[str, Any]:
         """The run's summary (also ``summary.json``, written by rank 0); see :func:`train`."""
         if not self.last_eval:  # nothing trained in this call (already at max_steps): still report losses
             self.last_eval = self.evaluate()
             self.best_val = min(self.best_val, self.last_eval["val"])
-        wall_s = self.totals["wall_s"] + time.perf_counter() - self.t_start
+        elapsed = self._elapsed()
         train_s = self.totals["train_time_s"]
         tokens_per_s = self.totals["tokens"] / train_s if train_s > 0 else None
         summary = {
@@ -510,7 +518,8 @@ class _Loop:
             "final_train_loss": self.last_eval["train"],
             "tokens_per_s": tokens_per_s,
             "mfu": None if tokens_per_s is None else _mfu(self.flops_per_token, tokens_per_s, self.peak),
-            "minutes": wall_s / 60,
+            "minutes": elapsed["wall_s"] / 60,
+            "cpu_minutes": elapsed["cpu_s"] / 60,
             "params": self.n_params,
             "params_non_embedding": self.n_params_ne,
             "device": str(self.device),

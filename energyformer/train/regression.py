@@ -82,7 +82,7 @@ def train_regressor(run_cfg: RunConfig, progress: bool | None = None) -> dict[st
         raise ValueError("train.dtype='bfloat16': the regressor trains in float32; leave train.dtype 'auto' "
                          "or give 'float32'")
     device = resolve_device(tc.device)
-    t_start = time.perf_counter()
+    t_start, cpu_start = time.perf_counter(), time.process_time()
     if tc.num_threads is not None:
         torch.set_num_threads(tc.num_threads)
     seed_everything(tc.seed)
@@ -132,7 +132,8 @@ def train_regressor(run_cfg: RunConfig, progress: bool | None = None) -> dict[st
     summary = {"steps": tc.max_steps, "steps_this_run": tc.max_steps, "resumed_from": None,
                "best_val_loss": best, "final_val_loss": last_val, "final_train_loss": train_loss,
                "tokens_per_s": tc.max_steps * tc.batch_size * 2 * n_points / max(step_time, 1e-9), "mfu": None,
-               "minutes": (time.perf_counter() - t_start) / 60, "params": model.num_params(),
+               "minutes": (time.perf_counter() - t_start) / 60,
+               "cpu_minutes": (time.process_time() - cpu_start) / 60, "params": model.num_params(),
                "params_non_embedding": model.num_params(), "device": str(device), "out_dir": str(out_dir)}
     rundir.write_summary(out_dir, summary)
     return summary

@@ -62,5 +62,6 @@ def test_the_cli_refuses_them_in_one_line(gp_data, tmp_path, capsys):
 def test_the_regressor_trains_on_the_given_device_and_records_it(gp_data, tmp_path):
     summary = train(run_cfg(gp_data, tmp_path / "run", device="cpu", dtype="float32"), progress=False)
     assert summary["device"] == "cpu" and read_summary(tmp_path / "run")["steps"] == 3
+    assert 0 < summary["cpu_minutes"] and summary["minutes"] > 0  # CPU time beside the wall clock
     with pytest.raises(ValueError, match="the regressor trains in float32"):
         train(run_cfg(gp_data, tmp_path / "run2", dtype="bfloat16"), progress=False)

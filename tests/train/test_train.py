@@ -356,6 +356,24 @@ def test_a_no_op_run_keeps_a_truthful_summary(data_dir, tmp_path):
     resumed = train(tiny_cfg(data_dir, out, max_steps=6), progress=False)
     assert resumed["steps_this_run"] == 2 and resumed["minutes"] > first["minutes"]
     assert resumed["tokens_per_s"] > 0
+    # and the CPU time of its processes over all segments, which a pause or a shared core does not inflate
+    assert 0 < first["cpu_minutes"] < resumed["cpu_minutes"]
+
+
+def test_cpu_minutes_leave_out_a_pause(data_dir, tmp_path, monkeypatch):
+    """``minutes`` is wall clock, ``cpu_minutes`` this process's CPU time: a run that sleeps (a paused
+    job, a core lent to another) records the sleep in the first only."""
+    import time
+
+    real = __import__("energyformer.train.loop", fromlist=["x"])._Loop.evaluate
+
+    def slow_evaluate(self, *a, **k):
+        time.sleep(1.0)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr("energyformer.train.loop._Loop.evaluate", slow_evaluate)
+    s = train(tiny_cfg(data_dir, tmp_path / "run", max_steps=4), progress=False)
+    assert s["minutes"] * 60 > 1.0 and s["cpu_minutes"] * 60 < s["minutes"] * 60 - 0.8
 
 
 def test_data_identity_is_recorded_and_checked(data_dir, tmp_path):
