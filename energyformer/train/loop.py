@@ -92,7 +92,8 @@ def train(run_cfg: RunConfig, *, progress: bool | None = None) -> dict[str, Any]
         Summary dict (also ``summary.json``): ``steps`` (final step), ``steps_this_run``,
         ``resumed_from`` (step or None), ``best_val_loss``, ``final_val_loss``,
         ``final_train_loss``, ``tokens_per_s``, ``minutes`` and ``cpu_minutes`` (wall clock and this
-        process's CPU time, over all segments of the run),
+        process's CPU time, over all segments of the run; ``cpu_minutes`` None when a segment's
+        checkpoint predates it),
         ``params``, ``params_non_embedding``, ``mfu`` (from the measured training FLOPs per token
         of :func:`energyformer.models.flops.training_flops_per_token`; None when the peak FLOP/s
         is unknown), ``device``, ``world_size``, ``out_dir``.
@@ -300,6 +301,7 @@ class _Loop:
         self.step = self.start_step = 0
         self.best_val, self.train_loss, self.last_eval = math.inf, math.nan, {}
         self.totals = {"train_time_s": 0.0, "tokens": 0, "wall_s": 0.0, "cpu_s": 0.0}
+        self.cpu_known = True
         self.wrapped, self.fwd, self.flops_per_token = wrapped, fwd, flops_per_token
         self.peak = peak_flops(info.device)
         self.pending: list[tuple[int, float, torch.Tensor]] = []  # (step, lr, [loss, grad norm]) not yet read
@@ -326,6 +328,7 @@ class _Loop:
         self.step = self.start_step = int(state["step"])
         self.best_val = math.inf if state["best_val_loss"] is None else float(state["best_val_loss"])
         self.totals.update({k: state["extra"][k] for k in self.totals if k in state.get("extra", {})})
+        self.cpu_known = "cpu_s" in state.get("extra", {})  # a checkpoint older than cpu_minutes: unknown
 
     def run(self, progress: bool | None, resumed: bool) -> None:
         """Train until ``max_steps``: step, log (and evaluate), checkpoint; then restore the
@@ -519,7 +522,7 @@ class _Loop:
             "tokens_per_s": tokens_per_s,
             "mfu": None if tokens_per_s is None else _mfu(self.flops_per_token, tokens_per_s, self.peak),
             "minutes": elapsed["wall_s"] / 60,
-            "cpu_minutes": elapsed["cpu_s"] / 60,
+            "cpu_minutes": elapsed["cpu_s"] / 60 if self.cpu_known else None,
             "params": self.n_params,
             "params_non_embedding": self.n_params_ne,
             "device": str(self.device),

@@ -360,6 +360,18 @@ def test_a_no_op_run_keeps_a_truthful_summary(data_dir, tmp_path):
     assert 0 < first["cpu_minutes"] < resumed["cpu_minutes"]
 
 
+def test_cpu_minutes_are_unknown_after_a_checkpoint_that_predates_them(data_dir, tmp_path):
+    out = tmp_path / "run"
+    train(tiny_cfg(data_dir, out, max_steps=2), progress=False)
+    ckpt_dir = next(p for p in out.glob("checkpoints/step-*"))
+    state_file = ckpt_dir / "train_state.pt"
+    state = torch.load(state_file, weights_only=True)
+    del state["extra"]["cpu_s"]  # as an older energyformer wrote it
+    torch.save(state, state_file)
+    resumed = train(tiny_cfg(data_dir, out, max_steps=4), progress=False)
+    assert resumed["steps_this_run"] == 2 and resumed["cpu_minutes"] is None and resumed["minutes"] > 0
+
+
 def test_cpu_minutes_leave_out_a_pause(data_dir, tmp_path, monkeypatch):
     """``minutes`` is wall clock, ``cpu_minutes`` this process's CPU time: a run that sleeps (a paused
     job, a core lent to another) records the sleep in the first only."""
