@@ -119,7 +119,8 @@ def test_every_rank_calls_the_sharded_save(monkeypatch, tmp_path):
                                all_gather=lambda obj: [f"rng of rank {r}" for r in (0, 1)],
                                broadcast=lambda obj: obj, barrier=lambda: None)
         fake = SimpleNamespace(info=info, step=4, tc=tc, train_loss=2.0, totals={"train_time_s": 0.0, "tokens": 0,
-                               "wall_s": 0.0}, t_start=0.0, depth=SimpleNamespace(state=dict),
+                               "wall_s": 0.0, "cpu_s": 0.0}, _elapsed=lambda: {"wall_s": 0.0, "cpu_s": 0.0},
+                               depth=SimpleNamespace(state=dict),
                                data=SimpleNamespace(identity={}), out_dir=tmp_path, model=None, optimizer=None,
                                best_val=1.0, data_gen=None)
         loop_mod._Loop.save(fake)
