@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -35,7 +34,7 @@ from typing import Any, ClassVar
 
 import yaml
 
-from energyformer._validate import check_choice, check_float, check_int
+from energyformer._validate import check_choice, check_float, check_int, did_you_mean
 from energyformer.models.base import ModelConfig
 from energyformer.models.registry import ARCHS, get_arch
 from energyformer.runs.parser import ArgParser, type_name
@@ -620,8 +619,7 @@ def _read_raw(path_or_dict: str | Path | Mapping[str, Any]) -> tuple[dict[str, A
 def unknown_key_message(cls: type, section: str, key: str) -> str:
     """``unknown config key 'train.max_step' (did you mean 'max_steps'?) ...; valid keys: [...]``."""
     valid = [f.name for f in fields(cls) if f.init] + (["arch"] if section == "model" else [])
-    close = difflib.get_close_matches(str(key), valid, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    hint = did_you_mean(str(key), valid)
     what = f"for arch {getattr(cls, 'arch', '')!r}" if section == "model" else f"in section {section!r}"
     return f"unknown config key '{section}.{key}'{hint} {what}; valid keys: {sorted(valid)}"
 
