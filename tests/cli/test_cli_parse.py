@@ -118,14 +118,19 @@ def plugin(tmp_path, monkeypatch):
     sys.modules.pop("my_plugin_mod", None)
 
 
-def test_import_flag_loads_the_plugin_and_the_run_records_it(plugin, capsys):
-    data = make_data_dir(plugin / "data")
+def tiny_recipe(plugin: Path) -> Path:
+    """A one-step gpt recipe under ``plugin`` that trains into ``plugin / "run"``."""
     recipe = plugin / "r.yaml"
     recipe.write_text(yaml.safe_dump({
         "model": {"arch": "gpt", "d_model": 16, "n_layers": 1, "n_heads": 2, "block_size": 8},
-        "data": {"data_dir": str(data)},
+        "data": {"data_dir": str(make_data_dir(plugin / "data"))},
         "train": {"out_dir": str(plugin / "run"), "max_steps": 1, "batch_size": 2, "eval_interval": 1,
                   "eval_iters": 1, "warmup_steps": 0, "device": "cpu"}}))
+    return recipe
+
+
+def test_import_flag_loads_the_plugin_and_the_run_records_it(plugin, capsys):
+    recipe = tiny_recipe(plugin)
     assert main(["--import", "my_plugin_mod", "train", str(recipe)]) == 0
     assert (plugin / "mark").read_text() == "my_plugin_mod"
     saved = yaml.safe_load((plugin / "run" / "config.yaml").read_text())
@@ -141,13 +146,7 @@ def test_import_flag_loads_the_plugin_and_the_run_records_it(plugin, capsys):
 
 def test_import_flag_after_the_command_is_the_same(plugin, capsys):
     """``--import MODULE`` is taken after the command too (it was read as an unknown ``--import_``)."""
-    data = make_data_dir(plugin / "data")
-    recipe = plugin / "r.yaml"
-    recipe.write_text(yaml.safe_dump({
-        "model": {"arch": "gpt", "d_model": 16, "n_layers": 1, "n_heads": 2, "block_size": 8},
-        "data": {"data_dir": str(data)},
-        "train": {"out_dir": str(plugin / "run"), "max_steps": 1, "batch_size": 2, "eval_interval": 1,
-                  "eval_iters": 1, "warmup_steps": 0, "device": "cpu"}}))
+    recipe = tiny_recipe(plugin)
     assert main(["train", str(recipe), "--import", "my_plugin_mod", "--train.max_steps", "1"]) == 0
     assert (plugin / "mark").read_text() == "my_plugin_mod"
     assert yaml.safe_load((plugin / "run" / "config.yaml").read_text())["imports"] == ["my_plugin_mod"]
