@@ -26,17 +26,7 @@ import sys
 from typing import Any
 
 import torch
-from common import (
-    MODEL_SHAPES,
-    ModelShape,
-    check_exit,
-    default_out,
-    goal,
-    run_main,
-    saved_tensor_bytes,
-    sync,
-    write_results,
-)
+from common import MODEL_SHAPES, ModelShape, finish, goal, parse_args, run_main, saved_tensor_bytes, sync
 
 from energyformer import build_model
 
@@ -130,9 +120,7 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true", help="exit 1 when a goal is missed (each miss is printed)")
     ap.add_argument("--out", default=None,
                     help="JSON path (default benchmarks/results/bench_depth-<shape>-<device>.json)")
-    args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = parse_args(ap, argv)
     tag = "tiny" if args.quick else args.shape
     shape = MODEL_SHAPES[tag]
     depths = tuple(int(d) for d in args.depths.split(",")) if args.depths else ((2, 4, 8) if args.quick else DEPTHS)
@@ -143,9 +131,7 @@ def main(argv=None) -> int:
           f"training step's forward (parameters excluded); k = train.backprop_steps = {args.k}")
     print(format_table(rows))
     settings = {**vars(args), "shape": tag, "model_shape": shape.as_dict(), "depths": list(depths)}
-    write_results(args.out or default_out("bench_depth", args.device, tag), args.device, settings, rows,
-                  script="bench_depth")
-    return check_exit(rows, args.check)
+    return finish("bench_depth", args, settings, rows, tag)
 
 
 if __name__ == "__main__":

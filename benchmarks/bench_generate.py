@@ -25,17 +25,7 @@ import argparse
 import sys
 
 import torch
-from common import (
-    MODEL_SHAPES,
-    check_exit,
-    default_out,
-    find_name,
-    goal,
-    interleaved_median_ms,
-    profile_table,
-    run_main,
-    write_results,
-)
+from common import MODEL_SHAPES, find_name, finish, goal, interleaved_median_ms, parse_args, profile_table, run_main
 
 from energyformer import build_model
 
@@ -92,11 +82,9 @@ def main(argv=None) -> int:
                          "tokens (with the cache; --no-cache: without) and exit")
     ap.add_argument("--no-cache", action="store_true", help="--profile the uncached generation")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/bench_generate-<device>.json)")
-    args = ap.parse_args(argv)
+    args = parse_args(ap, argv)
     if args.lengths is None:
         args.lengths = [16] if args.quick else [64, 256, 512]
-    if args.threads:
-        torch.set_num_threads(args.threads)
     families = FAMILIES[:2] if args.quick else FAMILIES
     if args.profile:
         key = find_name(args.profile, [n for n, _ in FAMILIES])
@@ -139,9 +127,7 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['family']:<24}{r['new_tokens']:>11}{r['uncached_tok_s']:>16.1f}{r['cached_tok_s']:>14.1f}"
               f"{r['ratio']:>8.1f}")
-    write_results(args.out or default_out("bench_generate", args.device), args.device, vars(args), rows,
-                  script="bench_generate")
-    return check_exit(rows, args.check)
+    return finish("bench_generate", args, vars(args), rows)
 
 
 if __name__ == "__main__":

@@ -36,17 +36,7 @@ import sys
 from collections.abc import Callable
 
 import torch
-from common import (
-    LAYER_SHAPES,
-    check_exit,
-    default_out,
-    find_name,
-    goal,
-    interleaved_median_ms,
-    profile_table,
-    run_main,
-    write_results,
-)
+from common import LAYER_SHAPES, find_name, finish, goal, interleaved_median_ms, parse_args, profile_table, run_main
 
 from energyformer.energies.heads import causal_blocks
 from energyformer.layers import CEMBlock, GPTBlock, NRGPTBlock
@@ -287,9 +277,7 @@ def main(argv=None) -> int:
                    help="this shape instead of --shapes' (repeatable), e.g. --shape 128,4,128,32")
     p.add_argument("--out", default=None,
                    help="JSON path (default benchmarks/results/bench_layers[-<shapes>]-<device>.json)")
-    args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = parse_args(p, argv)
     shapes_name = "tiny" if args.quick else args.shapes
     if args.profile_shape and not args.profile:
         raise ValueError(f"--profile-shape {args.profile_shape!r} needs --profile ROW (it is the shape of the profile)")
@@ -304,9 +292,7 @@ def main(argv=None) -> int:
     print(format_table(rows))
     tag = "" if shapes_name == "cpu" and not args.shape else (
         "-".join("x".join(map(str, s)) for s in shapes) if args.shape else shapes_name)
-    write_results(args.out or default_out("bench_layers", args.device, tag), args.device,
-                  {**vars(args), "shapes": shapes_name, "repeats": repeats}, rows, script="bench_layers")
-    return check_exit(rows, args.check)
+    return finish("bench_layers", args, {**vars(args), "shapes": shapes_name, "repeats": repeats}, rows, tag)
 
 
 if __name__ == "__main__":

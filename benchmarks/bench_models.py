@@ -43,9 +43,8 @@ from common import (
     MODEL_SHAPES,
     ModelShape,
     autocast,
-    check_exit,
-    default_out,
     find_name,
+    finish,
     flops_per_s,
     goal,
     interleaved_median_ms,
@@ -53,11 +52,11 @@ from common import (
     matmul_step,
     mfu,
     model_shape,
+    parse_args,
     profile_table,
     run_main,
     saved_tensor_bytes,
     sync,
-    write_results,
 )
 
 from energyformer import build_model
@@ -341,9 +340,7 @@ def main(argv=None) -> int:
                          "it; the compiled model with --compile) and exit")
     ap.add_argument("--out", default=None,
                     help="JSON path (default benchmarks/results/bench_models-<shape>-<device>.json)")
-    args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = parse_args(ap, argv)
     if args.peak_n is None:
         args.peak_n = 256 if args.quick else 8192 if args.device.startswith("cuda") else 2048
     if args.quick:
@@ -368,9 +365,7 @@ def main(argv=None) -> int:
     print(format_tables(result))
     settings = {**vars(args), "shape": tag, "model_shape": shape.as_dict(), "precision": precision,
                 "peak_flops": result["peak_flops"], "peak_ms": result["peak_ms"]}
-    write_results(args.out or default_out("bench_models", args.device, tag), args.device, settings,
-                  result["rows"], script="bench_models")
-    return check_exit(result["rows"], args.check)
+    return finish("bench_models", args, settings, result["rows"], tag)
 
 
 if __name__ == "__main__":

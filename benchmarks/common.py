@@ -7,6 +7,7 @@ each row against a peer timed in the same loop.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import operator
 import platform
@@ -291,6 +292,14 @@ def run_main(main: Callable[[], int]) -> int:
         return 2
 
 
+def parse_args(ap: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``ap.parse_args(argv)``, then ``torch.set_num_threads(args.threads)`` where ``--threads`` is given."""
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return args
+
+
 def find_name(name: str, names: list[str], option: str = "--profile") -> str:
     """The entry called ``name``, or the one entry whose name contains it (case-insensitive).
 
@@ -402,3 +411,11 @@ def write_results(path: str | Path, device: str, settings: dict[str, Any], rows:
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     print(f"wrote {path}")
     return path
+
+
+def finish(script: str, args: argparse.Namespace, settings: dict[str, Any], rows: list[dict[str, Any]],
+           tag: str = "") -> int:
+    """The end of every benchmark's ``main``: write the results to ``args.out`` (default
+    :func:`default_out`) and return :func:`check_exit`'s status for ``args.check``."""
+    write_results(args.out or default_out(script, args.device, tag), args.device, settings, rows, script=script)
+    return check_exit(rows, args.check)
