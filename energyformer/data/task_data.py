@@ -17,7 +17,7 @@ from typing import Any
 
 from . import gp, listops
 from .english import prepare_english
-from .prepare import check_out_dir, check_prepared
+from .prepare import check_out_dir, rebuild_reason
 from .shakespeare import sha256_file
 
 TASK_DATASETS = ("listops", "gp", "english")
@@ -59,8 +59,7 @@ def prepare_task_data(name: str, out_root: str | Path = "data", out_dir: str | P
     if name == "listops":
         s = _settings(listops.ListOpsSettings, name, options)
         expected = listops.expected_meta(s)
-        check_out_dir(out, expected, force)
-        fresh = not force and check_prepared(out, expected) is None and (out / "test.jsonl").is_file() \
+        fresh = rebuild_reason(out, expected, force) is None and (out / "test.jsonl").is_file() \
             and sha256_file(out / "test.jsonl") == _meta_value(out, "test_sha256")
         if fresh:
             say(f"{out} is up to date; pass --force to rebuild")
