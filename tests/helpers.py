@@ -2,6 +2,7 @@
 import json
 
 import numpy as np
+import torch
 
 WORDS = ("the ", "cat ", "sat ", "on ", "a ", "mat. ", "dog ", "ran\n")
 
@@ -56,6 +57,16 @@ def tiny_config(data_dir, out_dir, model="gpt", **train):
     from energyformer.runs import load_config
 
     return load_config(tiny_config_dict(data_dir, out_dir, model, **train), resolve_vocab=True)
+
+
+def perturb(module, scale=0.05, seed=0):
+    """Move every parameter of ``module`` off its init (zero diagonals, identity maps, P factors, η) by
+    ``scale`` times seeded normal noise, so that no term is trivially zero; returns ``module``."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return module
 
 
 def fenced_blocks(text, lang="python"):

@@ -6,10 +6,12 @@ energy (context detached), in float64.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import perturb
 
 from energyformer.energies.cem import interaction_energy, interaction_grad
 from energyformer.energies.heads import apply_rope, rope_cos_sin
@@ -26,13 +28,7 @@ INTERACTIONS = ["lowrank", "diag_shared", "diag_per_head", "diag_only"]
 PRECONDS = [None, "diag", "diag_lowrank", "diag_lowrank_psd"]
 
 
-def _perturb(module, scale=0.3, seed=0):
-    """Move every parameter off its init (diagonals, P factors, η) so no term is trivially zero."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return module
+_perturb = partial(perturb, scale=0.3)
 
 
 def _x(n, seed=1, b=2, d=D):

@@ -4,6 +4,7 @@ covered by being registered: the parameter lists below are read from the registr
 """
 import pytest
 import torch
+from helpers import perturb
 
 from energyformer.layers.cem_options import INTERACTIONS, MLP_TIES
 from energyformer.layers.norms import NORMS
@@ -16,25 +17,16 @@ ATOL = 1e-10
 TINY = dict(vocab_size=V, block_size=N, d_model=D, n_heads=H)
 
 
-def _perturb(model, seed=0):
-    """Move every parameter off its init (zero diagonals, identity maps) so that nothing is trivially equal."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return model
-
-
 def _cem(**kw):
     cfg = dict(arch="cem", n_layers=2, d_ff=24, **TINY)
     cfg.update(kw)
-    return _perturb(build_model(cfg).double())
+    return perturb(build_model(cfg).double())
 
 
 def _nrgpt(**kw):
     cfg = dict(arch="nrgpt", n_steps=3, d_ff=24, eta_rank=3, **TINY)
     cfg.update(kw)
-    return _perturb(build_model(cfg).double())
+    return perturb(build_model(cfg).double())
 
 
 def _assert_causal(model, n_steps=None):
@@ -199,7 +191,7 @@ class _Probe(torch.nn.Module):
 
 
 def _gradcheck_every_parameter(sub, fn):
-    sub = _perturb(sub.double())
+    sub = perturb(sub.double())
     names = [n for n, _ in sub.named_parameters()]
     params = tuple(p.detach().clone().requires_grad_(True) for _, p in sub.named_parameters())
     assert params, "an entry without parameters has nothing to check"

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import perturb
 
 from energyformer.models.cem import CEMConfig, CEMLlama
 from energyformer.models.config import default_d_ff
@@ -19,14 +20,6 @@ RECIPES = Path(__file__).resolve().parents[2] / "configs" / "shakespeare_char"
 def _model(seed=0, **kw):
     torch.manual_seed(seed)
     return CEMLlama(CEMConfig(**{**TINY, **kw})).double().eval()
-
-
-def _perturb(model, scale=0.05, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return model
 
 
 def _option_grid():
@@ -51,7 +44,7 @@ GRID = _option_grid()
 
 @pytest.mark.parametrize("kw", GRID, ids=[f"case{i}" for i in range(len(GRID))])
 def test_causality_every_option_and_step_count(kw):
-    model = _perturb(_model(**kw))
+    model = perturb(_model(**kw), seed=1)
     g = torch.Generator().manual_seed(2)
     idx = torch.randint(0, V, (2, BLOCK), generator=g)
     with torch.no_grad():
@@ -234,7 +227,7 @@ def test_diag_only_heads_start_and_stay_different():
 @pytest.mark.parametrize("kw", [dict(), dict(preconditioner="diag_lowrank", preconditioner_rank=2)])
 def test_n_steps_at_call_time_runs_that_recursion_in_every_sub_block(kw):
     """model(idx, n_steps=K) is the model configured with T = K, holding the same weights."""
-    trained = _perturb(_model(n_steps=2, interaction="diag_shared", **kw))
+    trained = perturb(_model(n_steps=2, interaction="diag_shared", **kw), seed=1)
     deeper = _model(n_steps=4, interaction="diag_shared", **kw)
     deeper.load_state_dict(trained.state_dict())
     idx = torch.randint(0, V, (2, BLOCK), generator=torch.Generator().manual_seed(3))

@@ -1,6 +1,7 @@
 """Properties every architecture must have: causality, bad-input errors, generate, ids → logits shapes."""
 import pytest
 import torch
+from helpers import perturb
 
 from energyformer import build_model
 from energyformer.layers.trace import tracing
@@ -30,14 +31,6 @@ def make(arch, kw):
     return model.eval()
 
 
-def _perturb_all_weights(model):
-    """Give zero-initialised parameters (diagonals, preconditioner factors) non-trivial values."""
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g, dtype=p.dtype))
-
-
 # arch "regressor" reads continuous values, not token ids: its causality is tested in tests/data/test_tasks.py
 NOT_TOKEN_MODELS = {"regressor"}
 CONFIG_ONLY = {"regressor": [dict(d_model=16, n_layers=2, n_heads=2)]}  # for the config checks below
@@ -50,7 +43,7 @@ def test_every_registered_arch_is_covered():
 @pytest.mark.parametrize("arch,kw", CASES, ids=IDS)
 def test_causality(arch, kw):
     model = make(arch, kw)
-    _perturb_all_weights(model)
+    perturb(model, seed=1)
     g = torch.Generator().manual_seed(2)
     idx = torch.randint(0, V, (2, BLOCK), generator=g)
     logits, _ = model(idx)
@@ -195,7 +188,7 @@ def test_causality_at_another_depth_and_with_truncated_backprop(arch, kw):
     """The call-time options of the recurrent families (``n_steps`` other than trained, and
     ``backprop_steps``, which must not change the forward) keep every model causal."""
     model = make(arch, kw)
-    _perturb_all_weights(model)
+    perturb(model, seed=1)
     g = torch.Generator().manual_seed(3)
     idx = torch.randint(0, V, (2, BLOCK), generator=g)
     logits, _ = model(idx, n_steps=4)
