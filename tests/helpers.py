@@ -1,5 +1,7 @@
 """Test helpers shared by several test files (imported as ``from helpers import ...``)."""
 import json
+import sys
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -57,6 +59,19 @@ def tiny_config(data_dir, out_dir, model="gpt", **train):
     from energyformer.runs import load_config
 
     return load_config(tiny_config_dict(data_dir, out_dir, model, **train), resolve_vocab=True)
+
+
+@contextmanager
+def on_sys_path(folder, *modules):
+    """``folder`` (scripts or plugin modules outside the package) first on ``sys.path`` for the block;
+    afterwards it is taken off again and ``modules`` (imported from it) are forgotten."""
+    sys.path.insert(0, str(folder))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(folder))
+        for m in modules:
+            sys.modules.pop(m, None)
 
 
 def perturb(module, scale=0.05, seed=0):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers import on_sys_path
 
 from energyformer.layers.cem_options import INTERACTIONS
 from energyformer.runs.rundir import read_summary
@@ -47,15 +48,12 @@ def _ok(r):
 
 @pytest.fixture(scope="module")
 def registered(plugin_dir):
-    sys.path.insert(0, str(plugin_dir))
-    try:
-        import quadratic_interaction  # noqa: F401 - registers "quadratic"
-        yield INTERACTIONS.get("quadratic")
-    finally:
-        INTERACTIONS.unregister("quadratic")
-        sys.path.remove(str(plugin_dir))
-        for m in ("quadratic_interaction", "quadratic_energy"):
-            sys.modules.pop(m, None)
+    with on_sys_path(plugin_dir, "quadratic_interaction", "quadratic_energy"):
+        try:
+            import quadratic_interaction  # noqa: F401 - registers "quadratic"
+            yield INTERACTIONS.get("quadratic")
+        finally:
+            INTERACTIONS.unregister("quadratic")
 
 
 def test_plugin_energy_gradient_is_autograd_in_float64(registered):

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers import on_sys_path
 
 from energyformer.models import registry
 
@@ -105,14 +106,11 @@ def write_data(folder: Path) -> Path:
 def plugin(tmp_path):
     """The plugin imported in this process (its arch registered), removed afterwards."""
     folder = write_plugin(tmp_path / "plugin")
-    sys.path.insert(0, str(folder))
-    try:
-        yield folder
-    finally:
-        registry.unregister_arch(ARCH)
-        sys.path.remove(str(folder))
-        for m in (MODULE, "toy_steps_model"):
-            sys.modules.pop(m, None)
+    with on_sys_path(folder, MODULE, "toy_steps_model"):
+        try:
+            yield folder
+        finally:
+            registry.unregister_arch(ARCH)
 
 
 def test_a_plugin_arch_trains_samples_and_exports_in_process(plugin, tmp_path):

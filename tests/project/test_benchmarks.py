@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import on_sys_path
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -20,12 +21,9 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 @pytest.fixture(scope="module")
 def bench():
     """The benchmark modules, imported from benchmarks/ (a folder of scripts, not a package)."""
-    sys.path.insert(0, str(BENCH))
-    try:
+    with on_sys_path(BENCH):
         yield {name: importlib.import_module(name)
                for name in ("common", "bench_layers", "bench_models", "bench_generate", "bench_depth", "report")}
-    finally:
-        sys.path.remove(str(BENCH))
 
 
 def _load(path):
@@ -359,11 +357,8 @@ def test_gpu_check_killed_mid_row_keeps_every_finished_row(tmp_path):
 
 @pytest.fixture(scope="module")
 def gpu_check(bench):
-    sys.path.insert(0, str(BENCH))
-    try:
+    with on_sys_path(BENCH):
         yield importlib.import_module("gpu_check")
-    finally:
-        sys.path.remove(str(BENCH))
 
 
 def _tiny_ctx(gc, tmp_path, out=None):
