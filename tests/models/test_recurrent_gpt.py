@@ -94,15 +94,14 @@ def test_one_shared_block_and_generate():
     assert torch.equal(out, ref)
 
 
-def test_config_validation():
-    with pytest.raises(ValueError, match="n_steps"):
-        RecurrentGPTConfig(n_steps=0)
-    with pytest.raises(ValueError, match="n_heads"):
-        RecurrentGPTConfig(d_model=10, n_heads=4)
-    with pytest.raises(ValueError, match="activation"):
-        RecurrentGPTConfig(activation="silu")
-    with pytest.raises(ValueError, match="parallel"):
-        RecurrentGPTConfig(parallel="yes")
+@pytest.mark.parametrize("kw, match", [(dict(n_steps=0), "n_steps"), (dict(d_model=10, n_heads=4), "n_heads"),
+                                       (dict(activation="silu"), "activation"), (dict(parallel="yes"), "parallel")])
+def test_config_validation(kw, match):
+    with pytest.raises(ValueError, match=match):
+        RecurrentGPTConfig(**kw)
+
+
+def test_config_round_trip_and_build():
     cfg = RecurrentGPTConfig(parallel=True)
     assert RecurrentGPTConfig.from_dict(cfg.to_dict()) == cfg
     assert isinstance(build_model({"arch": "gpt_rec", "d_model": 16, "n_heads": 2}), RecurrentGPT)
