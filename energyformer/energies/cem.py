@@ -241,7 +241,7 @@ def diag_shared_grad_sdpa(g: torch.Tensor, ctx: InteractionContext, w_q: torch.T
 def diag_shared_grad_dense(g: torch.Tensor, ctx: InteractionContext, w_q: torch.Tensor, diag: torch.Tensor,
                            n_heads: int, tau: float) -> torch.Tensor:
     """:func:`diag_shared_grad` with the scores materialized (the CPU path, and the CUDA path of
-    augmented heads too wide for the fused kernels): :class:`_DiagScoresAttention`, one causal
+    augmented heads too wide for the fused kernels): :class:`_SharedDiagAttention`, one causal
     block of query rows at a time with a hand-written backward.
 
     The diagonal score is head-independent and its update linear in the weights, so
@@ -255,26 +255,25 @@ def diag_shared_grad_dense(g: torch.Tensor, ctx: InteractionContext, w_q: torch.
     dt = q.dtype
     k = ctx.k.to(dt)
     v = None if ctx.v is ctx.k else ctx.v.to(dt)  # None: values are the keys (tied)
-    y, o2 = _DiagScoresAttention.apply(q * scale, k, v, g.to(dt) * (diag.to(dt) * scale), ctx.h.to(dt))
+    y, o2 = _SharedDiagAttention.apply(q * scale, k, v, g.to(dt) * (diag.to(dt) * scale), ctx.h.to(dt))
     return _lowrank_out(y, w_q, ctx) + (-diag.to(dt)) * o2
 
 
-class _DiagScoresAttention(torch.autograd.Function):
-    """Causal attention with materialized scores plus a diagonal term, one block of query rows at a
-    time (:func:`energyformer.energies.heads.causal_row_blocks`: a block stops at its last row's
-    keys, so most of the masked upper triangle is never computed), with a hand-written backward
-    (autograd through per-block slices would allocate and zero a full-size gradient per block and
-    slice). Exact: equal to the per-element reference and to the SDPA path (tested).
+class _SharedDiagAttention(torch.autograd.Function):
+    """Causal attention with materialized scores plus one diagonal score shared by every head, one
+    block of query rows at a time (:func:`energyformer.energies.heads.causal_row_blocks`: a block
+    stops at its last row's keys, so most of the masked upper triangle is never computed), with a
+    hand-written backward (autograd through per-block slices would allocate and zero a full-size
+    gradient per block and slice). Exact: equal to the per-element reference and to the SDPA path
+    (tested).
 
     Inputs: scaled queries ``qs`` (B, H, N, d_h), keys ``k`` (B, H, S, d_h), values ``v`` (B, H, S,
     d_v; ``None`` when they are the keys, tied attention: one tensor is not passed twice, which
-    ``torch.compile`` cannot trace), the scaled diagonal queries ``gq`` — (B, N, d) for
-    one diagonal shared by every head, (B, H, N, d) for one per head — and the context ``h`` (B,
-    S, d); the queries are the last N of S positions. Scores ``s^k_ij = qs_k·k_k + gq·h_j``.
+    ``torch.compile`` cannot trace), the scaled diagonal queries ``gq`` (B, N, d) and the context
+    ``h`` (B, S, d); the queries are the last N of S positions. Scores ``s^k_ij = qs_k·k_k + gq·h_j``.
 
     Returns:
-        ``y`` (B, H, N, d_v) = ``Σ_j a^k_ij v_j`` and ``o2`` = ``Σ_j a^k_ij h_j``: summed over heads,
-        (B, N, d), for a shared diagonal; (B, H, N, d) per head.
+        ``y`` (B, H, N, d_v) = ``Σ_j a^k_ij v_j`` and ``o2`` (B, N, d) = ``Σ_k Σ_j a^k_ij h_j``.
     """
 
     @staticmethod
@@ -283,32 +282,24 @@ class _DiagScoresAttention(torch.autograd.Function):
         # q and k arrive as head views of (B, N, H·d_h): one copy here, not one per block and product
         qs, k, gq, h = qs.contiguous(), k.contiguous(), gq.contiguous(), h.contiguous()
         v = k if v is None else v.contiguous()
-        shared = gq.dim() == 3
         n, s_len = qs.shape[2], k.shape[2]
         allowed = causal_mask(n, s_len, qs.device)
         ys, o2s, weights, head_sums = [], [], [], []
         ctx.blocks = causal_row_blocks(n, s_len)
         with torch.autocast(qs.device.type, enabled=False):
             for r0, r1, e in ctx.blocks:
-                he, cut = h[:, :e], ~allowed[r0:r1, :e]
+                he = h[:, :e]
                 scores = qs[:, :, r0:r1] @ k[:, :, :e].transpose(-1, -2)
-                if shared:
-                    bias = gq[:, r0:r1] @ he.transpose(-1, -2)           # (B, rows, e), one for every head
-                    scores += bias.masked_fill_(cut, float("-inf"))[:, None]
-                else:
-                    scores += torch.einsum("bhnd,bsd->bhns", gq[:, :, r0:r1], he)
-                    scores.masked_fill_(cut, float("-inf"))
+                bias = gq[:, r0:r1] @ he.transpose(-1, -2)               # (B, rows, e), one for every head
+                scores += bias.masked_fill_(~allowed[r0:r1, :e], float("-inf"))[:, None]
                 a = softmax_low_precision(scores)
                 ys.append(a @ v[:, :, :e])
-                if shared:
-                    head_sums.append(a.sum(1))                           # kept: the backward needs it too
-                    o2s.append(head_sums[-1] @ he)
-                else:
-                    o2s.append(torch.einsum("bhns,bsd->bhnd", a, he))
+                head_sums.append(a.sum(1))                               # kept: the backward needs it too
+                o2s.append(head_sums[-1] @ he)
                 weights.append(a)
         ctx.n_blocks = len(weights)
         ctx.save_for_backward(qs, k, None if ctx.tied else v, gq, h, *weights, *head_sums)
-        return _cat(ys, 2), _cat(o2s, 1 if shared else 2)
+        return _cat(ys, 2), _cat(o2s, 1)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -316,37 +307,111 @@ class _DiagScoresAttention(torch.autograd.Function):
         qs, k, v, gq, h, *saved = ctx.saved_tensors
         weights, head_sums = saved[:ctx.n_blocks], saved[ctx.n_blocks:]
         v = k if ctx.tied else v
-        shared = gq.dim() == 3
         with torch.autocast(qs.device.type, enabled=False):
-            dy = qs.new_zeros(*qs.shape[:3], v.shape[-1]) if dy is None else dy.to(qs.dtype).contiguous()
-            do2 = qs.new_zeros(gq.shape) if do2 is None else do2.to(qs.dtype).contiguous()
-            dqs, dgq = torch.empty_like(qs), torch.empty_like(gq)
-            dk, dh = torch.zeros_like(k), torch.zeros_like(h)
-            dv = dk if ctx.tied else torch.zeros_like(v)
-            for i, ((r0, r1, e), a) in enumerate(zip(ctx.blocks, weights)):
+            dy, do2, dqs, dgq, dk, dh, dv = _backward_buffers(ctx.tied, qs, k, v, h, gq, dy, do2)
+            for (r0, r1, e), a, a_sum in zip(ctx.blocks, weights, head_sums):
                 he, ke = h[:, :e], k[:, :, :e]
-                dyb = dy[:, :, r0:r1]
+                dyb, do2b = dy[:, :, r0:r1], do2[:, r0:r1]
                 da = dyb @ v[:, :, :e].transpose(-1, -2)                  # ∂L/∂a (B, H, rows, e)
+                da += (do2b @ he.transpose(-1, -2))[:, None]
                 dv[:, :, :e] += a.transpose(-1, -2) @ dyb
-                if shared:
-                    do2b = do2[:, r0:r1]
-                    da += (do2b @ he.transpose(-1, -2))[:, None]
-                    dh[:, :e] += head_sums[i].transpose(-1, -2) @ do2b
-                else:
-                    do2b = do2[:, :, r0:r1]
-                    da += torch.einsum("bhnd,bsd->bhns", do2b, he)
-                    dh[:, :e] += torch.einsum("bhns,bhnd->bsd", a, do2b)
+                dh[:, :e] += a_sum.transpose(-1, -2) @ do2b
                 ds = torch._softmax_backward_data(da, a, -1, a.dtype)       # ∂L/∂s = a ⊙ (da − Σ_j a da), fused
                 dqs[:, :, r0:r1] = ds @ ke
                 dk[:, :, :e] += ds.transpose(-1, -2) @ qs[:, :, r0:r1]
-                if shared:
-                    dbias = ds.sum(1)
-                    dgq[:, r0:r1] = dbias @ he
-                    dh[:, :e] += dbias.transpose(-1, -2) @ gq[:, r0:r1]
-                else:
-                    dgq[:, :, r0:r1] = torch.einsum("bhns,bsd->bhnd", ds, he)
-                    dh[:, :e] += torch.einsum("bhns,bhnd->bsd", ds, gq[:, :, r0:r1])
+                dbias = ds.sum(1)
+                dgq[:, r0:r1] = dbias @ he
+                dh[:, :e] += dbias.transpose(-1, -2) @ gq[:, r0:r1]
         return dqs, dk, None if ctx.tied else dv, dgq, dh
+
+
+class _PerHeadDiagAttention(torch.autograd.Function):
+    """Causal attention with materialized scores plus one diagonal score per head, as
+    :class:`_SharedDiagAttention` (causal row blocks, hand-written backward, exact), with the
+    diagonal's scaling and the sum over heads inside: the (B, H, N, d) scaled queries and
+    per-head diagonal outputs exist one row block at a time, and the gradients of ``g`` and of the
+    diagonal are reduced there, instead of as five full-size autograd passes around the call.
+
+    Inputs: scaled queries ``qs`` (B, H, N, d_h), keys ``k`` (B, H, S, d_h), values ``v`` (B, H, S,
+    d_v; ``None`` when tied), the normalized tokens ``g`` (B, N, d), the diagonals ``diag`` (H, d),
+    the context ``h`` (B, S, d) and the score scale ``1/τ`` (a float). Scores
+    ``s^k_ij = qs_k·k_k + (scale · d_k ⊙ g_i)·h_j``.
+
+    Returns:
+        ``y`` (B, H, N, d_v) = ``Σ_j a^k_ij v_j`` and ``out`` (B, N, d) = ``−Σ_k d_k ⊙ Σ_j a^k_ij h_j``.
+    """
+
+    @staticmethod
+    def forward(ctx, qs, k, v, g, diag, h, scale):
+        ctx.tied, ctx.scale = v is None, scale
+        qs, k, g, h = qs.contiguous(), k.contiguous(), g.contiguous(), h.contiguous()
+        v = k if v is None else v.contiguous()
+        b, n_heads, n, _ = qs.shape
+        s_len, d = h.shape[1], h.shape[2]
+        dq = (diag * scale)[None, :, None, :]
+        allowed = causal_mask(n, s_len, qs.device)
+        ys, outs, weights, o2s = [], [], [], []
+        ctx.blocks = causal_row_blocks(n, s_len)
+        with torch.autocast(qs.device.type, enabled=False):
+            for r0, r1, e in ctx.blocks:
+                rows, he = r1 - r0, h[:, :e]
+                gd = (g[:, None, r0:r1] * dq).view(b, n_heads * rows, d)    # scaled diagonal queries
+                scores = qs[:, :, r0:r1] @ k[:, :, :e].transpose(-1, -2)
+                scores += (gd @ he.transpose(-1, -2)).view(b, n_heads, rows, e)
+                scores.masked_fill_(~allowed[r0:r1, :e], float("-inf"))
+                a = softmax_low_precision(scores)
+                ys.append(a @ v[:, :, :e])
+                o2 = (a.view(b, n_heads * rows, e) @ he).view(b, n_heads, rows, d)   # Σ_j a^k_ij h_j
+                outs.append((o2 * diag[None, :, None, :]).sum(1))
+                weights.append(a)
+                o2s.append(o2)                                           # kept: the diagonal's gradient
+        ctx.n_blocks = len(weights)
+        ctx.save_for_backward(qs, k, None if ctx.tied else v, g, diag, h, *weights, *o2s)
+        return _cat(ys, 2), -_cat(outs, 1)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy, dout):
+        qs, k, v, g, diag, h, *saved = ctx.saved_tensors
+        weights, o2s = saved[:ctx.n_blocks], saved[ctx.n_blocks:]
+        v = k if ctx.tied else v
+        b, n_heads, _, _ = qs.shape
+        d = h.shape[2]
+        dq, neg = (diag * ctx.scale)[None, :, None, :], (-diag)[None, :, None, :]
+        with torch.autocast(qs.device.type, enabled=False):
+            dy, dout, dqs, dg, dk, dh, dv = _backward_buffers(ctx.tied, qs, k, v, h, g, dy, dout)
+            d_out_diag, d_query_diag = diag.new_zeros(diag.shape), diag.new_zeros(diag.shape)
+            for (r0, r1, e), a, o2 in zip(ctx.blocks, weights, o2s):
+                rows, he = r1 - r0, h[:, :e]
+                dyb, doutb, gb = dy[:, :, r0:r1], dout[:, None, r0:r1], g[:, None, r0:r1]
+                d_out_diag += (doutb * o2).sum((0, 2))                    # out = −Σ_k d_k ⊙ o2_k
+                do2 = (doutb * neg).view(b, n_heads * rows, d)
+                av = a.view(b, n_heads * rows, e)
+                da = dyb @ v[:, :, :e].transpose(-1, -2)                  # ∂L/∂a (B, H, rows, e)
+                da += (do2 @ he.transpose(-1, -2)).view(b, n_heads, rows, e)
+                dv[:, :, :e] += a.transpose(-1, -2) @ dyb
+                dh[:, :e] += av.transpose(-1, -2) @ do2
+                ds = torch._softmax_backward_data(da, a, -1, a.dtype)       # ∂L/∂s, fused
+                dqs[:, :, r0:r1] = ds @ k[:, :, :e]
+                dk[:, :, :e] += ds.transpose(-1, -2) @ qs[:, :, r0:r1]
+                dsv = ds.view(b, n_heads * rows, e)
+                dgd = (dsv @ he).view(b, n_heads, rows, d)               # ∂L/∂(scaled diagonal queries)
+                dh[:, :e] += dsv.transpose(-1, -2) @ (gb * dq).view(b, n_heads * rows, d)
+                dg[:, r0:r1] = (dgd * dq).sum(1)
+                d_query_diag += (dgd * gb).sum((0, 2))
+        ddiag = d_query_diag * ctx.scale - d_out_diag
+        return dqs, dk, None if ctx.tied else dv, dg, ddiag, dh, None
+
+
+def _backward_buffers(tied: bool, qs, k, v, h, x, dy, dx):
+    """The incoming gradients of a materialized-scores backward (``dy`` of the head outputs, ``dx``
+    of the diagonal output, shaped like the diagonal input ``x``; zeros for an output that was not
+    used) in the queries' dtype, and the buffers it fills: ``dqs``, ``dx_in`` (empty, written block
+    by block), ``dk``, ``dh``, ``dv`` (zero, accumulated; ``dv`` is ``dk`` when tied)."""
+    dy = qs.new_zeros(*qs.shape[:3], v.shape[-1]) if dy is None else dy.to(qs.dtype).contiguous()
+    dx = qs.new_zeros(x.shape) if dx is None else dx.to(qs.dtype).contiguous()
+    dk, dh = torch.zeros_like(k), torch.zeros_like(h)
+    return dy, dx, torch.empty_like(qs), torch.empty_like(x), dk, dh, dk if tied else torch.zeros_like(v)
 
 
 def _cat(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
@@ -376,17 +441,16 @@ def diag_per_head_grad_dense(g: torch.Tensor, ctx: InteractionContext, w_q: torc
                              n_heads: int, tau: float) -> torch.Tensor:
     """:func:`diag_per_head_grad` with the scores ``s^k_ij = q_k·k_k + (d_k⊙g_i)·ĥ_j``
     materialized in the compute dtype (bf16 under autocast), one causal block of query rows at a
-    time (:class:`_DiagScoresAttention`): ``−W_Qᵀ Σ_j a_ij v_j − Σ_k d_k ⊙ Σ_j a^k_ij ĥ_j``,
+    time (:class:`_PerHeadDiagAttention`): ``−W_Qᵀ Σ_j a_ij v_j − Σ_k d_k ⊙ Σ_j a^k_ij ĥ_j``,
     (B, N, d). ``ĥ`` is never expanded over heads (one batched product per term).
     """
     scale = 1.0 / tau
     q = _queries(g, w_q, n_heads, ctx)
     dt = q.dtype
-    dg, k = diag.to(dt), ctx.k.to(dt)
+    k = ctx.k.to(dt)
     v = None if ctx.v is ctx.k else ctx.v.to(dt)  # None: values are the keys (tied)
-    gd = g.to(dt)[:, None] * (dg * scale)[None, :, None, :]          # (B, H, N, d)
-    y, o2 = _DiagScoresAttention.apply(q * scale, k, v, gd, ctx.h.to(dt))
-    return _lowrank_out(y, w_q, ctx) + ((-dg)[None, :, None, :] * o2).sum(1)
+    y, out = _PerHeadDiagAttention.apply(q * scale, k, v, g.to(dt), diag.to(dt), ctx.h.to(dt), scale)
+    return _lowrank_out(y, w_q, ctx) + out
 
 
 def _masked_softmax_scores(s: torch.Tensor, n: int, length: int) -> torch.Tensor:
