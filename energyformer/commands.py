@@ -650,7 +650,7 @@ def import_hf(hf_dir: str, out: str | None = None, verbose: bool = False, force:
 
 def experiment(name: str, seeds: int | None = None, quick: bool = False, results_dir: str = "results",
                work_dir: str = "out/experiments", data_root: str = "data", profile: str = "cpu",
-               rescore: bool = False, jobs: int = 1) -> str:
+               rescore: bool = False, jobs: int = 1, threads: int | None = None) -> str:
     """Run one of the papers' experiments and print its table (results/NAME/{table.md, results.json, *.png}).
 
     Experiments: cem_ablation, gp_recursion, listops_transition, shakespeare_scaling,
@@ -670,18 +670,22 @@ def experiment(name: str, seeds: int | None = None, quick: bool = False, results
             kept weights, then write the table.
         jobs: trainings at once, the CPU threads split between them (2 single-thread runs nearly
             double the throughput of small models on 2 cores; results do not depend on it).
+        threads: CPU threads of each training (default: the cores divided by jobs). Give 1 for each
+            of several experiments run at once: two trainings with a thread per core each
+            oversubscribe the cores (measured 2.3-3x slower each on 2 cores).
 
     Returns:
         the Markdown table.
 
     Raises:
-        ValueError: an unknown experiment, seeds < 1 or jobs < 1.
+        ValueError: an unknown experiment, seeds < 1, jobs < 1 or threads < 1.
         FileNotFoundError: the experiment's dataset is not prepared.
     """
     from energyformer.experiments import run_experiment
 
     return run_experiment(name, seeds=seeds, quick=quick, results_dir=results_dir, work_dir=work_dir,
-                          data_root=data_root, profile=profile, rescore=rescore, jobs=jobs)["table"]
+                          data_root=data_root, profile=profile, rescore=rescore, jobs=jobs,
+                          threads=threads)["table"]
 
 
 def inspect_energy(run_dir: str, prompt: str = "\n", out: str | None = None, n_steps: int | None = None,

@@ -24,14 +24,15 @@ PROFILES = ("cpu", "paper")
 
 def run_experiment(name: str, seeds: int | None = None, quick: bool = False, results_dir: str | Path = "results",
                    work_dir: str | Path = "out/experiments", data_root: str | Path = "data",
-                   verbose: bool = True, profile: str = "cpu", rescore: bool = False, jobs: int = 1) -> dict[str, Any]:
+                   verbose: bool = True, profile: str = "cpu", rescore: bool = False, jobs: int = 1,
+                   threads: int | None = None) -> dict[str, Any]:
     """Run the experiment ``name`` (see :mod:`energyformer.experiments.common` for the options).
 
     Returns:
         its results (also in ``results_dir/NAME/results.json``), with the Markdown ``"table"``.
 
     Raises:
-        ValueError: unknown ``name`` or ``profile``, ``seeds < 1``, ``jobs < 1``.
+        ValueError: unknown ``name`` or ``profile``, ``seeds < 1``, ``jobs < 1``, ``threads < 1``.
         FileNotFoundError: (full runs) the experiment's dataset is not prepared.
     """
     from energyformer.experiments.common import Context
@@ -46,8 +47,11 @@ def run_experiment(name: str, seeds: int | None = None, quick: bool = False, res
     if seeds is not None:
         check_int("seeds", seeds, 1)
     check_int("jobs", jobs, 1)
+    if threads is not None:
+        check_int("threads", threads, 1)
     ctx = Context(name=name, seeds=seeds, quick=quick, results_dir=Path(results_dir), work_dir=Path(work_dir),
-                  data_root=Path(data_root), verbose=verbose, profile=profile, rescore=rescore, jobs=jobs)
+                  data_root=Path(data_root), verbose=verbose, profile=profile, rescore=rescore, jobs=jobs,
+                  threads=threads)
     if profile == "paper":
         from energyformer.experiments.profiles import run_profile
 
@@ -63,4 +67,13 @@ def run_experiment(name: str, seeds: int | None = None, quick: bool = False, res
         from energyformer.experiments.parallel import run_parallel
 
         return run_parallel(module, ctx)
-    return module.run(ctx)
+    if threads is None:
+        return module.run(ctx)
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return module.run(ctx)
+    finally:
+        torch.set_num_threads(saved)

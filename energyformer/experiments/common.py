@@ -95,6 +95,8 @@ class Context:
         rescore: compute every run's fixed evaluation again from its kept weights
             (:mod:`energyformer.experiments.scoring`).
         jobs: trainings at once (:mod:`energyformer.experiments.parallel`), the threads split between them.
+        threads: CPU threads of each training; ``None``: the cores divided by ``jobs`` (``jobs=1``:
+            torch's default, every core).
         deferred: set by the ``jobs`` driver: runs not yet trained are queued in ``pending``
             instead of trained, and :func:`need_runs` stops the experiment where it needs them.
     """
@@ -109,6 +111,7 @@ class Context:
     profile: str = "cpu"
     rescore: bool = False
     jobs: int = 1
+    threads: int | None = None
     deferred: bool = False
     pending: dict[str, dict[str, Any]] = field(default_factory=dict)
     rescored: set[str] = field(default_factory=set)

@@ -85,7 +85,7 @@ def run_parallel(module: Any, ctx: Context) -> dict[str, Any]:
         whatever a training raises (other than divergence, which is recorded), after the runs
         already started have finished.
     """
-    threads = threads_per_job(ctx.jobs)
+    threads = ctx.threads or threads_per_job(ctx.jobs)
     while True:
         ctx.deferred, ctx.pending, ctx.waiting_for_sweep = True, {}, False
         try:

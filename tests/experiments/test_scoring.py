@@ -151,3 +151,47 @@ def test_ctrl_c_under_jobs_stops_every_worker_with_one_line(tmp_path):
     assert proc.returncode == 130, (out, err)
     assert "Traceback" not in out + err and err.strip().splitlines()[-1] == "interrupted"
     assert "interrupted" not in out  # one line, on stderr
+
+
+def test_threads_sets_each_trainings_threads_and_restores_them(monkeypatch):
+    """``threads`` (``--threads``) is each training's thread count, one at a time (set around the
+    experiment, restored after, also when it raises) and under ``jobs`` (instead of cores ÷ jobs);
+    ``threads < 1`` is refused by name."""
+    import types
+
+    import energyformer.experiments as experiments
+    from energyformer.experiments import parallel
+
+    seen = []
+
+    def fake_run(ctx):
+        seen.append((torch.get_num_threads(), ctx.threads))
+        if ctx.name == "cem_ablation":
+            raise RuntimeError("boom")
+        return {"table": ""}
+
+    monkeypatch.setattr(experiments.importlib, "import_module", lambda name: types.SimpleNamespace(run=fake_run))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        run_experiment("gp_recursion", threads=1, verbose=False)
+        assert seen[-1] == (1, 1) and torch.get_num_threads() == 2
+        with pytest.raises(RuntimeError, match="boom"):
+            run_experiment("cem_ablation", threads=1, verbose=False)
+        assert seen[-1] == (1, 1) and torch.get_num_threads() == 2
+        run_experiment("gp_recursion", verbose=False)  # no threads: torch's own count stands
+        assert seen[-1] == (2, None)
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ValueError, match="threads=0 must be >= 1"):
+        run_experiment("gp_recursion", threads=0)
+
+    started = []
+    monkeypatch.setattr(parallel, "ProcessPoolExecutor", None)  # never reached: no run is queued
+    ctx = ex.Context("tiny", jobs=2, threads=3, verbose=False)
+    monkeypatch.setattr(parallel, "threads_per_job", lambda jobs: started.append(jobs) or 1)
+    result = parallel.run_parallel(types.SimpleNamespace(run=lambda c: {"table": "t"}), ctx)
+    assert result == {"table": "t"} and started == []  # the given count, not cores ÷ jobs
+    module = types.SimpleNamespace(run=lambda c: {"table": "t"})
+    parallel.run_parallel(module, ex.Context("tiny", jobs=2, verbose=False))
+    assert started == [2]  # without it: cores ÷ jobs
