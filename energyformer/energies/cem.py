@@ -380,11 +380,14 @@ class _PerHeadDiagAttention(torch.autograd.Function):
         dq, neg = (diag * ctx.scale)[None, :, None, :], (-diag)[None, :, None, :]
         with torch.autocast(qs.device.type, enabled=False):
             dy, dout, dqs, dg, dk, dh, dv = _backward_buffers(ctx.tied, qs, k, v, h, g, dy, dout)
-            d_out_diag, d_query_diag = diag.new_zeros(diag.shape), diag.new_zeros(diag.shape)
+            # the diagonal's gradient sums over batch, rows and blocks: accumulated in at least float32
+            acc = torch.promote_types(diag.dtype, torch.float32)
+            d_out_diag = diag.new_zeros(diag.shape, dtype=acc)
+            d_query_diag = torch.zeros_like(d_out_diag)
             for (r0, r1, e), a, o2 in zip(ctx.blocks, weights, o2s):
                 rows, he = r1 - r0, h[:, :e]
                 dyb, doutb, gb = dy[:, :, r0:r1], dout[:, None, r0:r1], g[:, None, r0:r1]
-                d_out_diag += (doutb * o2).sum((0, 2))                    # out = −Σ_k d_k ⊙ o2_k
+                d_out_diag += (doutb * o2).sum((0, 2), dtype=acc)   # out = −Σ_k d_k ⊙ o2_k
                 do2 = (doutb * neg).view(b, n_heads * rows, d)
                 av = a.view(b, n_heads * rows, e)
                 da = dyb @ v[:, :, :e].transpose(-1, -2)                  # ∂L/∂a (B, H, rows, e)
@@ -398,8 +401,8 @@ class _PerHeadDiagAttention(torch.autograd.Function):
                 dgd = (dsv @ he).view(b, n_heads, rows, d)               # ∂L/∂(scaled diagonal queries)
                 dh[:, :e] += dsv.transpose(-1, -2) @ (gb * dq).view(b, n_heads * rows, d)
                 dg[:, r0:r1] = (dgd * dq).sum(1)
-                d_query_diag += (dgd * gb).sum((0, 2))
-        ddiag = d_query_diag * ctx.scale - d_out_diag
+                d_query_diag += (dgd * gb).sum((0, 2), dtype=acc)
+        ddiag = (d_query_diag * ctx.scale - d_out_diag).to(diag.dtype)
         return dqs, dk, None if ctx.tied else dv, dg, ddiag, dh, None
 
 
