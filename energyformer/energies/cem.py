@@ -333,8 +333,9 @@ class _PerHeadDiagAttention(torch.autograd.Function):
     diagonal are reduced there, instead of as five full-size autograd passes around the call.
 
     Inputs: scaled queries ``qs`` (B, H, N, d_h), keys ``k`` (B, H, S, d_h), values ``v`` (B, H, S,
-    d_v; ``None`` when tied), the normalized tokens ``g`` (B, N, d), the diagonals ``diag`` (H, d),
-    the context ``h`` (B, S, d) and the score scale ``1/τ`` (a float). Scores
+    d_v; ``None`` when tied), the normalized tokens ``g`` (B, N, d; ``None`` when they are the
+    context ``h`` itself, a sub-block's first step: not passed twice, as ``v``), the diagonals
+    ``diag`` (H, d), the context ``h`` (B, S, d) and the score scale ``1/τ`` (a float). Scores
     ``s^k_ij = qs_k·k_k + (scale · d_k ⊙ g_i)·h_j``.
 
     Returns:
@@ -343,9 +344,10 @@ class _PerHeadDiagAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, qs, k, v, g, diag, h, scale):
-        ctx.tied, ctx.scale = v is None, scale
-        qs, k, g, h = qs.contiguous(), k.contiguous(), g.contiguous(), h.contiguous()
+        ctx.tied, ctx.g_is_h, ctx.scale = v is None, g is None, scale
+        qs, k, h = qs.contiguous(), k.contiguous(), h.contiguous()
         v = k if v is None else v.contiguous()
+        g = h if g is None else g.contiguous()
         b, n_heads, n, _ = qs.shape
         s_len, d = h.shape[1], h.shape[2]
         dq = (diag * scale)[None, :, None, :]
@@ -366,7 +368,7 @@ class _PerHeadDiagAttention(torch.autograd.Function):
                 weights.append(a)
                 o2s.append(o2)                                           # kept: the diagonal's gradient
         ctx.n_blocks = len(weights)
-        ctx.save_for_backward(qs, k, None if ctx.tied else v, g, diag, h, *weights, *o2s)
+        ctx.save_for_backward(qs, k, None if ctx.tied else v, None if ctx.g_is_h else g, diag, h, *weights, *o2s)
         return _cat(ys, 2), -_cat(outs, 1)
 
     @staticmethod
@@ -374,7 +376,7 @@ class _PerHeadDiagAttention(torch.autograd.Function):
     def backward(ctx, dy, dout):
         qs, k, v, g, diag, h, *saved = ctx.saved_tensors
         weights, o2s = saved[:ctx.n_blocks], saved[ctx.n_blocks:]
-        v = k if ctx.tied else v
+        v, g = k if ctx.tied else v, h if ctx.g_is_h else g
         b, n_heads, _, _ = qs.shape
         d = h.shape[2]
         dq, neg = (diag * ctx.scale)[None, :, None, :], (-diag)[None, :, None, :]
@@ -403,7 +405,9 @@ class _PerHeadDiagAttention(torch.autograd.Function):
                 dg[:, r0:r1] = (dgd * dq).sum(1)
                 d_query_diag += (dgd * gb).sum((0, 2), dtype=acc)
         ddiag = (d_query_diag * ctx.scale - d_out_diag).to(diag.dtype)
-        return dqs, dk, None if ctx.tied else dv, dg, ddiag, dh, None
+        if ctx.g_is_h:
+            dh += dg
+        return dqs, dk, None if ctx.tied else dv, None if ctx.g_is_h else dg, ddiag, dh, None
 
 
 def _backward_buffers(tied: bool, qs, k, v, h, x, dy, dx):
@@ -452,7 +456,8 @@ def diag_per_head_grad_dense(g: torch.Tensor, ctx: InteractionContext, w_q: torc
     dt = q.dtype
     k = ctx.k.to(dt)
     v = None if ctx.v is ctx.k else ctx.v.to(dt)  # None: values are the keys (tied)
-    y, out = _PerHeadDiagAttention.apply(q * scale, k, v, g.to(dt), diag.to(dt), ctx.h.to(dt), scale)
+    g_in = None if g is ctx.h else g.to(dt)  # None: g is the context ĥ (the first step)
+    y, out = _PerHeadDiagAttention.apply(q * scale, k, v, g_in, diag.to(dt), ctx.h.to(dt), scale)
     return _lowrank_out(y, w_q, ctx) + out
 
 

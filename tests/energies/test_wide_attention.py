@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from energyformer.energies import cem as C
 from energyformer.energies import heads
 from energyformer.energies import nrgpt as E
-from energyformer.energies.heads import FUSED_HEAD_DIM_MAX, attention_path, force_attention_path
+from energyformer.energies.heads import FUSED_HEAD_DIM_MAX, attention_path, force_attention_path, rope_cos_sin
 
 DT = torch.float64
 TOL = dict(atol=1e-10, rtol=1e-10)
@@ -161,12 +161,16 @@ def test_nrgpt_full_scores_path_with_dropout_is_a_stochastic_force():
 
 
 # ------------------------------------------------------------------------------------ CEM
-def _cem(fn, heads_, s_len=None, tau=None):
-    """``(g, h, w_q, w_k, diag) -> fn(g, ctx, …)`` with keys from ``h`` (``g`` the last N positions)."""
+def _cem(fn, heads_, s_len=None, tau=None, rope=None):
+    """``(g, h, w_q, w_k, diag) -> fn(g, ctx, …)`` with keys from ``h`` (``g`` the last N positions);
+    ``rope`` "exact" or "llama" (RoPE'd keys; "llama": the values are the un-rotated keys, not tied)."""
     def run(g, h, w_q, w_k, diag):
-        ctx = C.interaction_context(h, w_k, heads_)
-        t = tau or math.sqrt(w_q.shape[0] // heads_)
-        return fn(g, ctx, w_q, diag, heads_, t)
+        dh, s = w_q.shape[0] // heads_, h.shape[1]
+        tables = None if rope is None else rope_cos_sin(s, dh, 50.0, dtype=h.dtype)
+        ctx = C.interaction_context(h, w_k, heads_, rope=tables, exact_rope=rope != "llama")
+        if tables is not None:
+            ctx.rope = tuple(t[s - g.shape[1]:] for t in tables)  # the queries' positions
+        return fn(g, ctx, w_q, diag, heads_, tau or math.sqrt(dh))
     return run
 
 
@@ -323,17 +327,51 @@ def test_causal_row_blocks_cover_every_row_and_stop_at_its_last_keys():
     assert heads.causal_row_blocks(1, 50) == [(0, 1, 50)]  # one decoded token: one block
 
 
+@pytest.mark.parametrize("rope", [None, "llama"])
 @pytest.mark.parametrize("n_new,s_len", [(7, None), (5, 9)])
-def test_cem_dense_paths_in_several_causal_blocks_equal_sdpa(monkeypatch, n_new, s_len):
+def test_cem_dense_paths_in_several_causal_blocks_equal_sdpa(monkeypatch, n_new, s_len, rope):
     """The dense diag_shared / diag_per_head paths with the query rows cut into causal blocks (1-row
-    minimum, so 7 rows give 4 blocks) equal the SDPA path, full and with a cached context."""
+    minimum, so 7 rows give 4 blocks) equal the SDPA path, full and with a cached context, with
+    values that are the keys and (``rope="llama"``) values that are not."""
     monkeypatch.setattr(heads, "CAUSAL_BLOCK_MIN_ROWS", 1)
     assert len(heads.causal_row_blocks(n_new, s_len or n_new)) == 4
     gen = torch.Generator().manual_seed(n_new)
-    _same_fwd_bwd([_cem(C.diag_per_head_grad_sdpa, 3), _cem(C.diag_per_head_grad_dense, 3)],
+    _same_fwd_bwd([_cem(C.diag_per_head_grad_sdpa, 3, rope=rope), _cem(C.diag_per_head_grad_dense, 3, rope=rope)],
                   _cem_inputs(n_new, 3, 2, 7, gen, s=s_len))
     inputs = _cem_inputs(n_new, 3, 2, 7, gen, s=s_len, per_head=False)
-    _same_fwd_bwd([_cem(C.diag_shared_grad_sdpa, 3), _cem(C.diag_shared_grad_dense, 3)], inputs)
+    _same_fwd_bwd([_cem(C.diag_shared_grad_sdpa, 3, rope=rope), _cem(C.diag_shared_grad_dense, 3, rope=rope)],
+                  inputs)
+
+
+@pytest.mark.parametrize("rope", [None, "llama"])
+@pytest.mark.parametrize("n_new,s_len", [(5, None), (3, 6)])
+def test_cem_diag_per_head_dense_gradcheck_in_several_causal_blocks(monkeypatch, n_new, s_len, rope):
+    """``torch.autograd.gradcheck`` (float64) of the dense per-head path's hand-written backward,
+    rows in several causal blocks, w.r.t. g, ĥ, W_Q, W_K and the diagonals: tied and separate
+    (``rope="llama"``) values, full and with a cached context."""
+    monkeypatch.setattr(heads, "CAUSAL_BLOCK_MIN_ROWS", 1)
+    assert len(heads.causal_row_blocks(n_new, s_len or n_new)) > 1
+    inputs = [t.requires_grad_(True) for t in _cem_inputs(n_new, 2, 2, 3, torch.Generator().manual_seed(n_new),
+                                                           s=s_len)]
+    assert torch.autograd.gradcheck(_cem(C.diag_per_head_grad_dense, 2, rope=rope), inputs)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_cem_diag_per_head_dense_when_g_is_the_context(monkeypatch, compiled):
+    """At a sub-block's first step ``g`` is ``ĥ``, the same tensor: the dense per-head path does not
+    pass it twice to its autograd.Function (``torch.compile(fullgraph=True)`` cannot trace that),
+    and its gradient w.r.t. ``ĥ`` sums both roles, equal to the SDPA path's, in several causal blocks."""
+    monkeypatch.setattr(heads, "CAUSAL_BLOCK_MIN_ROWS", 1)
+    _, h, w_q, w_k, diag = _cem_inputs(7, 3, 2, 7, torch.Generator().manual_seed(5))
+
+    def first_step(fn):
+        def run(h, w_q, w_k, diag):
+            return _cem(fn, 3)(h, h, w_q, w_k, diag)
+        return torch.compile(run, fullgraph=True, backend="eager") if compiled else run
+
+    torch._dynamo.reset()
+    _same_fwd_bwd([first_step(C.diag_per_head_grad_sdpa), first_step(C.diag_per_head_grad_dense)],
+                  [h, w_q, w_k, diag])
 
 
 def test_causal_blocks_context_sets_the_blocks_and_restores_them():
