@@ -10,6 +10,7 @@ so they cannot disagree with it.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, ClassVar
 
 from transformers import PretrainedConfig
@@ -79,20 +80,29 @@ def class_name(arch: str) -> str:
     return CLASS_NAMES.get(arch) or "".join(p.capitalize() for p in arch.split("_"))
 
 
+def family_class(base: type, arch: str, kind: str, module: str, attrs: dict[str, Any]) -> type:
+    """The ``Energyformer<Arch><kind>`` subclass of ``base`` for ``arch`` (a config or a causal-LM class),
+    made a global of ``module`` so that ``transformers`` and pickle find it by its qualified name.
+
+    ``attrs`` are its class attributes beside ``__module__`` and a docstring naming the family.
+    """
+    what = {"Config": "config", "ForCausalLM": "causal LM"}.get(kind, kind)
+    doc = f"The ``{arch}`` family's Hugging Face {what} (model_type ``energyformer_{arch}``)."
+    cls = type(f"Energyformer{class_name(arch)}{kind}", (base,), {"__module__": module, "__doc__": doc, **attrs})
+    setattr(sys.modules[module], cls.__name__, cls)
+    return cls
+
+
 def _family(arch: str) -> type[EnergyformerConfig]:
-    name = f"Energyformer{class_name(arch)}Config"
     # "__init__" in the class dict: transformers turns config subclasses into dataclasses and would
     # otherwise generate an __init__ that skips ours
-    return type(name, (EnergyformerConfig,), {"model_type": f"energyformer_{arch}", "arch": arch,
-                                              "__init__": EnergyformerConfig.__init__, "__module__": __name__,
-                                              "__doc__": f"Config of the ``{arch}`` family (model_type "
-                                                         f"``energyformer_{arch}``)."})
+    return family_class(EnergyformerConfig, arch, "Config", __name__,
+                        {"model_type": f"energyformer_{arch}", "arch": arch, "__init__": EnergyformerConfig.__init__})
 
 
 #: arch name -> config class (one per language model of ``energyformer.models.registry``; an arch a
 #: plugin registers later gets its class from :func:`config_class`)
 CONFIG_CLASSES: dict[str, type[EnergyformerConfig]] = {arch: _family(arch) for arch in LANGUAGE_MODELS}
-globals().update({cls.__name__: cls for cls in CONFIG_CLASSES.values()})
 
 
 def config_class(arch: Any) -> type[EnergyformerConfig]:
@@ -107,9 +117,8 @@ def config_class(arch: Any) -> type[EnergyformerConfig]:
     known = isinstance(arch, str) and arch in LANGUAGE_MODELS
     if not known:
         raise ValueError(f"arch={arch!r} has no Hugging Face config; expected one of {sorted(LANGUAGE_MODELS)}")
-    cls = CONFIG_CLASSES[arch] = _family(arch)
-    globals()[cls.__name__] = cls
-    return cls
+    CONFIG_CLASSES[arch] = _family(arch)
+    return CONFIG_CLASSES[arch]
 
 
 def config_for(model_config: ModelConfig | dict[str, Any], **kwargs: Any) -> EnergyformerConfig:

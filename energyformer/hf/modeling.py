@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from energyformer.hf.configuration import CONFIG_CLASSES, EnergyformerConfig, class_name, config_class
+from energyformer.hf.configuration import CONFIG_CLASSES, EnergyformerConfig, config_class, family_class
 from energyformer.models.registry import build_model, inference_options
 
 #: keyword arguments of our models' forward that ``forward`` / ``generate`` pass through
@@ -241,16 +241,11 @@ class EnergyformerForCausalLM(EnergyformerPreTrainedModel, GenerationMixin):
 
 
 def _family(arch: str) -> type[EnergyformerForCausalLM]:
-    # "__init__" in the class dict: see energyformer.hf.configuration._family
-    return type(f"Energyformer{class_name(arch)}ForCausalLM", (EnergyformerForCausalLM,),
-                {"config_class": config_class(arch), "__module__": __name__,
-                 "__doc__": f"The ``{arch}`` family as a Hugging Face causal LM "
-                            f"(model_type ``energyformer_{arch}``)."})
+    return family_class(EnergyformerForCausalLM, arch, "ForCausalLM", __name__, {"config_class": config_class(arch)})
 
 
 #: arch name -> causal-LM class (an arch a plugin registers later gets its class from :func:`model_class`)
 MODEL_CLASSES: dict[str, type[EnergyformerForCausalLM]] = {arch: _family(arch) for arch in CONFIG_CLASSES}
-globals().update({cls.__name__: cls for cls in MODEL_CLASSES.values()})
 
 
 def model_class(arch: str) -> type[EnergyformerForCausalLM]:
@@ -264,7 +259,6 @@ def model_class(arch: str) -> type[EnergyformerForCausalLM]:
     if cls is None:
         cfg_cls = config_class(arch)  # raises for an unknown arch
         cls = MODEL_CLASSES[arch] = _family(arch)
-        globals()[cls.__name__] = cls
         AutoConfig.register(cfg_cls.model_type, cfg_cls, exist_ok=True)  # from_pretrained in this process
         AutoModelForCausalLM.register(cfg_cls, cls, exist_ok=True)
     return cls

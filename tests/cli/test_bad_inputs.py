@@ -65,6 +65,11 @@ class Case:
         return ["train", str(self.recipe_path), "--train.out_dir", str(self.run), *overrides]
 
 
+def _train(*overrides):
+    """A case's set-up that trains the shared recipe with ``overrides``."""
+    return lambda c: c.train(*overrides)
+
+
 def _set_meta(c, **changes):
     meta = json.loads((c.data / "meta.json").read_text())
     meta.update(changes)
@@ -125,46 +130,42 @@ CLI_CASES = [
      r"base recipe .*nope\.yaml' .* does not exist"),
     ("recipe-no-arch", lambda c: c.train(recipe=c.recipe(text="model: {d_model: 8}\n")), r"needs an 'arch' key"),
     # --- overrides and values ---
-    ("unknown-arch", lambda c: c.train("--model.arch", "gpt5"),
+    ("unknown-arch", _train("--model.arch", "gpt5"),
      r"model\.arch='gpt5' is not valid \(did you mean 'gpt'\?\); expected one of"),
-    ("unknown-model-key", lambda c: c.train("--model.d_modle", "8"),
+    ("unknown-model-key", _train("--model.d_modle", "8"),
      r"unknown config key 'model\.d_modle' \(did you mean 'd_model'\?\)"),
-    ("unknown-train-key", lambda c: c.train("--train.max_step", "8"),
-     r"'train\.max_step' \(did you mean 'max_steps'\?\)"),
-    ("override-without-section", lambda c: c.train("--max_steps", "5"), r"--max_steps must name a section and a key"),
-    ("override-stray-word", lambda c: c.train("extra"), r"unexpected argument 'extra'"),
-    ("override-needs-value", lambda c: c.train("--train.max_steps"),
-     r"--train\.max_steps needs a value \(an integer\)"),
-    ("max-steps-not-int", lambda c: c.train("--train.max_steps", "ten"), r"train\.max_steps='ten' must be an integer"),
-    ("max-steps-negative", lambda c: c.train("--train.max_steps", "-1"), r"train\.max_steps=-1 must be >= 0"),
-    ("batch-size-zero", lambda c: c.train("--train.batch_size", "0"), r"train\.batch_size=0 must be >= 1"),
-    ("learning-rate-zero", lambda c: c.train("--train.learning_rate", "0"), r"train\.learning_rate=0\.0 must be > 0"),
-    ("min-lr-above-lr", lambda c: c.train("--train.min_lr", "1"), r"train\.min_lr=1\.0 must be <= "),
-    ("beta2-above-one", lambda c: c.train("--train.beta2", "1.5"), r"train\.beta2=1\.5 must be <= "),
-    ("lr-schedule-unknown", lambda c: c.train("--train.lr_schedule", "linear"),
-     r"train\.lr_schedule='linear' is not valid"),
-    ("dtype-unknown", lambda c: c.train("--train.dtype", "float16"),
+    ("unknown-train-key", _train("--train.max_step", "8"), r"'train\.max_step' \(did you mean 'max_steps'\?\)"),
+    ("override-without-section", _train("--max_steps", "5"), r"--max_steps must name a section and a key"),
+    ("override-stray-word", _train("extra"), r"unexpected argument 'extra'"),
+    ("override-needs-value", _train("--train.max_steps"), r"--train\.max_steps needs a value \(an integer\)"),
+    ("max-steps-not-int", _train("--train.max_steps", "ten"), r"train\.max_steps='ten' must be an integer"),
+    ("max-steps-negative", _train("--train.max_steps", "-1"), r"train\.max_steps=-1 must be >= 0"),
+    ("batch-size-zero", _train("--train.batch_size", "0"), r"train\.batch_size=0 must be >= 1"),
+    ("learning-rate-zero", _train("--train.learning_rate", "0"), r"train\.learning_rate=0\.0 must be > 0"),
+    ("min-lr-above-lr", _train("--train.min_lr", "1"), r"train\.min_lr=1\.0 must be <= "),
+    ("beta2-above-one", _train("--train.beta2", "1.5"), r"train\.beta2=1\.5 must be <= "),
+    ("lr-schedule-unknown", _train("--train.lr_schedule", "linear"), r"train\.lr_schedule='linear' is not valid"),
+    ("dtype-unknown", _train("--train.dtype", "float16"),
      r"train\.dtype='float16' is not valid \(did you mean 'bfloat16'\?\); expected one of 'float32', 'bfloat16'"),
-    ("device-unknown", lambda c: c.train("--train.device", "tpu"), r"train\.device='tpu' is not valid"),
-    ("parallel-unknown", lambda c: c.train("--train.parallel", "mpi"),
+    ("device-unknown", _train("--train.device", "tpu"), r"train\.device='tpu' is not valid"),
+    ("parallel-unknown", _train("--train.parallel", "mpi"),
      r"train\.parallel='mpi' is not valid; expected one of 'ddp', 'fsdp'"),
-    ("fsdp-checkpoint-unknown", lambda c: c.train("--train.fsdp_checkpoint", "gathered"),
+    ("fsdp-checkpoint-unknown", _train("--train.fsdp_checkpoint", "gathered"),
      r"train\.fsdp_checkpoint='gathered' is not valid; expected one of 'sharded', 'full'"),
     # inf/nan are numbers, just not finite ones: the message says the range expected
-    ("learning-rate-inf", lambda c: c.train("--train.learning_rate", "inf"),
+    ("learning-rate-inf", _train("--train.learning_rate", "inf"),
      r"train\.learning_rate=inf must be a finite number > 0\.0$"),
-    ("grad-clip-nan", lambda c: c.train("--train.grad_clip=nan"),
-     r"train\.grad_clip=nan must be a finite number >= 0\.0$"),
-    ("min-lr-minus-inf", lambda c: c.train("--train.min_lr", "-inf"),
+    ("grad-clip-nan", _train("--train.grad_clip=nan"), r"train\.grad_clip=nan must be a finite number >= 0\.0$"),
+    ("min-lr-minus-inf", _train("--train.min_lr", "-inf"),
      r"train\.min_lr=-inf must be a finite number >= 0\.0 and <= "),
-    ("heads-do-not-divide", lambda c: c.train("--model.d_model", "30", "--model.n_heads", "4"),
+    ("heads-do-not-divide", _train("--model.d_model", "30", "--model.n_heads", "4"),
      r"n_heads=4 must divide d_model=30"),
     # --- data: knowable before step 1 ---
     ("data-missing", lambda c: c.train("--data.data_dir", str(c.root / "nodata")),
      r"model\.vocab_size is not set and '.*nodata/meta\.json' does not exist"),
-    ("data-vocab-larger-than-model", lambda c: c.train("--model.vocab_size", "3"),
+    ("data-vocab-larger-than-model", _train("--model.vocab_size", "3"),
      r"model\.vocab_size=3 is smaller than the data vocabulary"),
-    ("split-shorter-than-context", lambda c: c.train("--model.block_size", "4000"),
+    ("split-shorter-than-context", _train("--model.block_size", "4000"),
      r"val\.bin has \d+ tokens but model\.block_size=4000 needs at least 4001"),
     ("token-id-beyond-vocab", lambda c: (np.full(50, 60000, dtype=np.uint16).tofile(c.data / "val.bin"),
                                          _set_meta(c, n_val=50), c.train())[-1],
@@ -175,7 +176,7 @@ CLI_CASES = [
      r"meta\.json is corrupt \(not valid JSON"),
     ("meta-missing-keys", lambda c: ((c.data / "meta.json").write_text("{}"), c.train())[-1],
      r"meta\.json lacks required keys"),
-    ("model-too-large", lambda c: c.train("--model.d_model", "262144", "--model.n_heads", "1",
+    ("model-too-large", _train("--model.d_model", "262144", "--model.n_heads", "1",
                                             "--model.n_layers", "64"),
      r"the model has [\d,]+ parameters: training needs at least [\d.]+ GiB .* but cpu has"),
     # --- the run directory ---
