@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +68,40 @@ def keep_weights(src: str | Path, dst: str | Path, bf16_over: int = BF16_OVER_BY
     return dst
 
 
+def cached_eval(run_dir: str | Path, file_name: str, inputs: dict[str, Any], compute: Callable[[], dict[str, Any]],
+                force: bool = False) -> dict[str, Any]:
+    """An evaluation of the run recorded at ``run_dir`` kept beside its weights as ``file_name`` (JSON):
+    read from there while it was computed on the same weights (SHA-256) and the same ``inputs``
+    (what else it read: a test set's hash, a problem count; ``{}`` for none), else ``compute()``-d and
+    written there (atomically) with ``"weights_sha256"`` and, when given, ``"inputs"``. ``force``
+    computes it again (``--rescore``).
+
+    Raises:
+        FileNotFoundError: the record keeps no weights (the message says how to get them).
+    """
+    run_dir = Path(run_dir)
+    weights = run_dir / WEIGHTS_FILE
+    if not weights.is_file():
+        raise FileNotFoundError(f"run record {str(run_dir)!r} keeps no {WEIGHTS_FILE}: it cannot be scored; "
+                                "train it again (energyformer experiment NAME retrains runs without weights)")
+    sha = file_sha256(weights)
+    path = run_dir / file_name
+    if path.is_file() and not force:
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            saved = {}
+        if saved.get("weights_sha256") == sha and saved.get("inputs", {}) == inputs:
+            return saved
+    result = {**compute(), "weights_sha256": sha, **({"inputs": inputs} if inputs else {})}
+    atomic_write_json(path, result)
+    return result
+
+
 def final_eval(run_dir: str | Path, force: bool = False) -> dict[str, Any]:
     """The fixed evaluation of the run whose record (config, meta, weights) is ``run_dir``, read from
     ``final_eval.json`` when it was computed on the same weights (and ``force`` is false), else
-    computed and written there.
+    computed and written there (:func:`cached_eval`).
 
     Returns:
         ``{"metric": "val_loss" (nats/token) or "val_mse", "value", "split": "val", "tokens" (scored
@@ -79,23 +110,7 @@ def final_eval(run_dir: str | Path, force: bool = False) -> dict[str, Any]:
     Raises:
         FileNotFoundError: no weights, config or data (the message names what).
     """
-    run_dir = Path(run_dir)
-    weights = run_dir / WEIGHTS_FILE
-    if not weights.is_file():
-        raise FileNotFoundError(f"run record {str(run_dir)!r} keeps no {WEIGHTS_FILE}: it cannot be scored; "
-                                "train it again (energyformer experiment NAME retrains runs without weights)")
-    sha = file_sha256(weights)
-    path = run_dir / FINAL_EVAL_FILE
-    if path.is_file() and not force:
-        try:
-            saved = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            saved = {}
-        if saved.get("weights_sha256") == sha:
-            return saved
-    result = {**_evaluate(run_dir), "split": "val", "weights_sha256": sha}
-    atomic_write_json(path, result)
-    return result
+    return cached_eval(run_dir, FINAL_EVAL_FILE, {}, lambda: {**_evaluate(Path(run_dir)), "split": "val"}, force)
 
 
 def _evaluate(run_dir: Path) -> dict[str, Any]:
@@ -119,4 +134,5 @@ def _evaluate(run_dir: Path) -> dict[str, Any]:
     return {"metric": "val_mse", "value": float(val_mse(model, val, 256)), "tokens": int(len(val))}
 
 
-__all__ = ["BF16_OVER_BYTES", "FINAL_EVAL_FILE", "WEIGHTS_FILE", "file_sha256", "final_eval", "keep_weights"]
+__all__ = ["BF16_OVER_BYTES", "FINAL_EVAL_FILE", "WEIGHTS_FILE", "cached_eval", "file_sha256", "final_eval",
+           "keep_weights"]

@@ -282,6 +282,16 @@ def test_listops_width_stage_trains_each_model_at_its_own_checked_lr(tmp_path, m
         for w in (8, 16):
             assert load_config(ctx.records / f"{slug}_d{w}_s1" / "config.yaml").train.learning_rate == check["best_lr"]
         assert [r["width"] for r in out["widths"][label]] == [8, 16]
+    # every record keeps its scores (the table's and the README's source); a second call reads them back
+    kept = json.loads((ctx.records / "pilot_GPT_Rec_parallel_d8_s1" / lt.LISTOPS_EVAL_FILE).read_text())
+    assert kept["inputs"]["test_problems"] == 20 and 0.0 <= kept["accuracy"] <= 1.0 and kept["weights_sha256"]
+
+    def not_again(*args, **kwargs):
+        raise AssertionError("a kept ListOps evaluation was computed again")
+
+    monkeypatch.setattr("energyformer.tasks.listops.listops_report", not_again)
+    again = lt.run(ctx)
+    assert again["widths"] == out["widths"]
 
 
 def test_a_pending_sweep_does_not_hold_back_another_sweeps_runs(tmp_path, monkeypatch):

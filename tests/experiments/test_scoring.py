@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from energyformer.experiments import common as ex
 from energyformer.experiments import report, run_experiment, sweeps
-from energyformer.experiments.scoring import FINAL_EVAL_FILE, final_eval, keep_weights
+from energyformer.experiments.scoring import FINAL_EVAL_FILE, WEIGHTS_FILE, cached_eval, final_eval, keep_weights
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +61,32 @@ def test_final_eval_is_cached_by_weights_and_recomputed_on_request(tiny_record, 
     (copy / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="keeps no model.safetensors: it cannot be scored"):
         final_eval(copy)
+
+
+def test_cached_eval_is_reused_only_for_the_same_weights_and_inputs(tmp_path):
+    """A task evaluation kept beside the weights (listops_eval.json) is read back while the weights and
+    what it read are the same, and computed again when either changes or when forced."""
+    (tmp_path / WEIGHTS_FILE).write_bytes(b"weights 1")
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"accuracy": 0.5 + len(calls)}
+
+    first = cached_eval(tmp_path, "task.json", {"n": 20}, compute)
+    assert first["accuracy"] == 1.5 and first["inputs"] == {"n": 20} and len(calls) == 1
+    assert json.loads((tmp_path / "task.json").read_text()) == first
+    assert cached_eval(tmp_path, "task.json", {"n": 20}, compute) == first and len(calls) == 1
+    assert cached_eval(tmp_path, "task.json", {"n": 21}, compute)["accuracy"] == 2.5  # other test set
+    assert cached_eval(tmp_path, "task.json", {"n": 21}, compute, force=True)["accuracy"] == 3.5  # --rescore
+    (tmp_path / WEIGHTS_FILE).write_bytes(b"weights 2")
+    again = cached_eval(tmp_path, "task.json", {"n": 21}, compute)
+    assert again["accuracy"] == 4.5 and again["weights_sha256"] != first["weights_sha256"]
+    (tmp_path / "task.json").write_text("{oops")  # unreadable: computed again, not an error
+    assert cached_eval(tmp_path, "task.json", {"n": 21}, compute)["accuracy"] == 5.5
+    (tmp_path / WEIGHTS_FILE).unlink()
+    with pytest.raises(FileNotFoundError, match="keeps no model.safetensors"):
+        cached_eval(tmp_path, "task.json", {"n": 21}, compute)
 
 
 def test_keep_weights_stores_large_files_in_bfloat16(tiny_record, tmp_path):
