@@ -1,6 +1,7 @@
 """Golden loss curves: each family's first 50 training steps on a tiny config (CPU, float32, a
 fixed seed, one thread), committed as ``tests/golden/<family>.json`` beside this script, as
-torchtitan keeps one per model. The default suite (``tests/train/test_golden.py``) trains each
+torchtitan keeps one per model (the language models' ``helpers.TINY_MODELS`` on a tiny char corpus,
+the in-context regressor on a tiny GP dataset). The default suite (``tests/train/test_golden.py``) trains each
 family again through ``energyformer.train.train`` and compares step by step within
 :data:`ATOL` + :data:`RTOL` × |loss|: the CPU run is deterministic on one machine (identical to the
 bit); the tolerance leaves room for another BLAS or thread count (about 5e-7 between one and two
@@ -11,7 +12,7 @@ threads), far below what a change to the model, the optimizer, the schedule or t
     python -m tests.golden.update --rewrite       # record them again, after a change meant to move them
 
 Each file holds what produced it (model and train options, the data's settings, torch's version),
-so a comparison reruns exactly that; ``--rewrite`` takes the current ``helpers.TINY_MODELS``.
+so a comparison reruns exactly that; ``--rewrite`` takes the current :data:`MODELS`.
 """
 from __future__ import annotations
 
@@ -34,6 +35,24 @@ TRAIN = {"max_steps": STEPS, "batch_size": 4, "eval_interval": STEPS, "eval_iter
          "seed": 1337}
 DATA = {"n_words": 2000, "seed": 0}  # helpers.make_data_dir's tiny corpus
 ATOL = RTOL = 1e-4
+#: the in-context regressor (not a language model, so not in helpers.TINY_MODELS) on a tiny GP dataset
+REGRESSOR = {"arch": "regressor", "x_dim": 1, "d_model": 16, "n_heads": 2, "n_layers": 1, "block_size": 12}
+GP_DATA = {"task": "gp", "n_points": 6, "n_train": 64, "n_val": 8, "n_test": 4, "x_dim": 1, "seed": 0}
+#: every family with a golden curve: the language models' tiny configs and the regressor
+MODELS = {**TINY_MODELS, "regressor": REGRESSOR}
+
+
+def data_of(family: str) -> dict[str, Any]:
+    """The tiny data ``family`` trains on: the char corpus, or (the regressor) a GP dataset."""
+    return dict(GP_DATA) if family == "regressor" else dict(DATA)
+
+
+def train_of(family: str) -> dict[str, Any]:
+    """:data:`TRAIN` less the keys ``family``'s training loop does not read (it refuses them)."""
+    from energyformer.models.registry import get_spec
+
+    keys = get_spec(MODELS[family]["arch"]).train_keys
+    return {k: v for k, v in TRAIN.items() if keys is None or k in keys}
 
 
 def golden_path(family: str) -> Path:
@@ -42,19 +61,26 @@ def golden_path(family: str) -> Path:
 
 def families() -> list[str]:
     """The families with a tiny config, and any with a committed curve."""
-    return sorted(set(TINY_MODELS) | {p.stem for p in HERE.glob("*.json")})
+    return sorted(set(MODELS) | {p.stem for p in HERE.glob("*.json")})
 
 
 def train_curve(model: dict[str, Any], train: dict[str, Any], data: dict[str, Any], work: Path) -> list[float]:
-    """The per-step training losses of ``model`` trained with ``train`` on the tiny corpus ``data``
-    (written under ``work``); the process's thread count is restored afterwards."""
+    """The per-step training losses of ``model`` trained with ``train`` on the tiny data ``data``
+    (the char corpus, or with ``"task": "gp"`` a GP dataset; written under ``work``); the process's
+    thread count is restored afterwards."""
     import torch
 
     from energyformer.runs import load_config
     from energyformer.runs.rundir import read_metrics
     from energyformer.train import train as run_training
 
-    data_dir = make_data_dir(work / "data" / "golden", **data)
+    if data.get("task") == "gp":
+        from energyformer.data.task_data import prepare_task_data
+
+        options = {k: v for k, v in data.items() if k != "task"}
+        data_dir = prepare_task_data("gp", out_dir=work / "data" / "gp", verbose=False, **options)
+    else:
+        data_dir = make_data_dir(work / "data" / "golden", **data)
     out = work / model["arch"]
     cfg = load_config({"model": model, "data": {"data_dir": str(data_dir)}, "train": {**train, "out_dir": str(out)}},
                       resolve_vocab=True)
@@ -82,10 +108,10 @@ def record(family: str, work: Path) -> dict[str, Any]:
     """The golden record of ``family`` from its current tiny config."""
     import torch
 
-    model = dict(TINY_MODELS[family])
-    return {"family": family, "steps": STEPS, "model": model, "train": dict(TRAIN), "data": dict(DATA),
+    model, train, data = dict(MODELS[family]), train_of(family), data_of(family)
+    return {"family": family, "steps": STEPS, "model": model, "train": train, "data": data,
             "torch": torch.__version__, "tolerance": {"atol": ATOL, "rtol": RTOL},
-            "train_loss": train_curve(model, TRAIN, DATA, work)}
+            "train_loss": train_curve(model, train, data, work)}
 
 
 def compare(family: str, work: Path) -> list[str]:
@@ -103,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rewrite", action="store_true", help="record the curves again instead of comparing")
     args = ap.parse_args(argv)
     names = args.families or families()
-    unknown = [f for f in names if f not in TINY_MODELS and not golden_path(f).is_file()]
+    unknown = [f for f in names if f not in MODELS and not golden_path(f).is_file()]
     if unknown:
         ap.error(f"unknown family {', '.join(unknown)}; expected one of {', '.join(families())}")
     failed = 0
