@@ -40,11 +40,13 @@ REGRESSOR = {"arch": "regressor", "x_dim": 1, "d_model": 16, "n_heads": 2, "n_la
 GP_DATA = {"task": "gp", "n_points": 6, "n_train": 64, "n_val": 8, "n_test": 4, "x_dim": 1, "seed": 0}
 #: every family with a golden curve: the language models' tiny configs and the regressor
 MODELS = {**TINY_MODELS, "regressor": REGRESSOR}
+#: the families that train on other data than the char corpus :data:`DATA`
+OTHER_DATA = {"regressor": GP_DATA}
 
 
 def data_of(family: str) -> dict[str, Any]:
-    """The tiny data ``family`` trains on: the char corpus, or (the regressor) a GP dataset."""
-    return dict(GP_DATA) if family == "regressor" else dict(DATA)
+    """The tiny data ``family`` trains on: :data:`OTHER_DATA`'s entry, else the char corpus."""
+    return dict(OTHER_DATA.get(family, DATA))
 
 
 def train_of(family: str) -> dict[str, Any]:
