@@ -32,7 +32,7 @@ per-element reference beside it (``*_reference``) built from explicit ``A_k(i, j
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -53,7 +53,7 @@ from energyformer.energies.heads import (
 from energyformer.energies.silu_antiderivative import silu_antiderivative
 
 __all__ = [
-    "InteractionContext", "interaction_context", "interaction_energy", "interaction_grad",
+    "InteractionContext", "interaction_context", "fold_step_map", "interaction_energy", "interaction_grad",
     "lowrank_grad", "diag_shared_grad", "diag_shared_grad_sdpa", "diag_shared_grad_dense", "diag_per_head_grad",
     "diag_per_head_grad_sdpa", "diag_per_head_grad_dense", "diag_only_grad", "diag_only_grad_sdpa",
     "diag_only_grad_dense",
@@ -140,11 +140,60 @@ class InteractionContext:
     v: torch.Tensor | None
     rope: tuple[torch.Tensor, torch.Tensor] | None
     exact_rope: bool = True
+    #: ``M(W_Q)`` (H·d_h, d): a linear step map ``M`` folded into the output weight (:func:`fold_step_map`)
+    w_out: torch.Tensor | None = None
+    #: ``M(d ⊙ ĥ)`` (B, S, d): the shared diagonal's values with ``M`` folded in (:func:`fold_step_map`)
+    h_out: torch.Tensor | None = None
 
     @property
     def length(self) -> int:
         """``S``, the number of context positions (``N`` without a cache)."""
         return (self.k if self.k is not None else self.h).shape[-2]
+
+    @property
+    def folded(self) -> bool:
+        """Whether a step map is folded in (:func:`fold_step_map`): gradients from this context are ``M(∇_g ε)``."""
+        return self.w_out is not None or self.h_out is not None
+
+
+def fold_step_map(ctx: InteractionContext, step_map, w_q: torch.Tensor, diag: torch.Tensor | None = None
+                  ) -> InteractionContext:
+    """``ctx`` with a linear step map ``M`` (the preconditioner, docs/cem.md §5) folded into the
+    gradient's output, so that :func:`lowrank_grad` / :func:`diag_shared_grad` return ``M(∇_g ε)``
+    (B, N, d) with no per-token work for ``M`` at each step.
+
+    ``M`` acts on the last dim and is linear (every step map is), so ``M(−a W_Q) = −a M(W_Q)``
+    and ``M(d ⊙ Σ_j ā_ij ĥ_j) = Σ_j ā_ij M(d ⊙ ĥ_j)``: the output weight becomes ``M(W_Q)``
+    (H·d_h rows, once per call) and the shared diagonal's values ``M(d ⊙ ĥ)`` (B, S, d, once per call,
+    not once per step). Exact up to rounding (tested against applying ``M`` to each gradient).
+
+    Args:
+        ctx: from :func:`interaction_context`, not from a cache (``ctx.h`` is needed with a diagonal).
+        step_map: a callable ``(…, d) -> (…, d)``, linear in its input (a step-map module).
+        w_q: (H·d_h, d). diag: None (tied attention) or the shared diagonal (d,).
+
+    Raises:
+        ValueError: ``diag`` not None and not (d,) (a per-head diagonal's values differ per head:
+            apply ``M`` to each gradient instead); a diagonal with a context without ``ĥ``;
+            ``ctx`` already folded.
+    """
+    if ctx.folded:
+        raise ValueError("this context already has a step map folded in")
+    d = w_q.shape[-1]
+    if diag is None:
+        return replace(ctx, w_out=step_map(w_q))
+    if tuple(diag.shape) != (d,):
+        raise ValueError(f"a step map folds into a shared diagonal (d,)=({d},) only; got diag of shape "
+                         f"{tuple(diag.shape)} (apply the map to each step's gradient instead)")
+    if ctx.h is None:
+        raise ValueError("folding a step map into the diagonal term needs the context's ĥ (ctx.h is None)")
+    return replace(ctx, w_out=step_map(w_q), h_out=step_map(ctx.h * diag.to(ctx.h.dtype)))
+
+
+def _unfolded(ctx: InteractionContext, what: str) -> None:
+    if ctx.folded:
+        raise ValueError(f"{what} takes no folded step map (fold_step_map supports tied attention and the "
+                         "shared diagonal); apply the map to each step's gradient instead")
 
 
 def interaction_context(h_ctx: torch.Tensor, w_k: torch.Tensor | None, n_heads: int, *,
@@ -173,19 +222,23 @@ def _queries(g: torch.Tensor, w_q: torch.Tensor, n_heads: int, ctx: InteractionC
 
 
 def _lowrank_out(y: torch.Tensor, w_q: torch.Tensor, ctx: InteractionContext) -> torch.Tensor:
-    """``−W_Qᵀ R_iᵀ y`` (B, N, d) from the head outputs ``y`` (B, H, N, d_h)."""
+    """``−W_Qᵀ R_iᵀ y`` (B, N, d) from the head outputs ``y`` (B, H, N, d_h) (``W_Q`` is ``ctx.w_out``
+    when a step map is folded in)."""
     if ctx.rope is not None and ctx.exact_rope:
         y = apply_rope(y, *ctx.rope, inverse=True)  # R_iᵀ: back to the query's frame
-    return _neg_matmul(merge_heads(y), w_q)
+    return _neg_matmul(merge_heads(y), w_q if ctx.w_out is None else ctx.w_out)
 
 
 def lowrank_grad(g: torch.Tensor, ctx: InteractionContext, w_q: torch.Tensor, n_heads: int,
                  tau: float) -> torch.Tensor:
     """``∇_g ε_att`` (B, N, d) of tied attention: ``SDPA(q, k, v, causal, scale=1/τ)`` then ``−@ W_Q``.
 
-    ``ctx`` from :func:`interaction_context` (may hold ``S ≥ N`` positions, ``g`` the last ``N``).
-    No shape checks (:func:`interaction_grad` checks).
+    ``ctx`` from :func:`interaction_context` (may hold ``S ≥ N`` positions, ``g`` the last ``N``);
+    from :func:`fold_step_map`, the result is ``M(∇_g ε_att)``. No shape checks (:func:`interaction_grad` checks).
     """
+    if ctx.h_out is not None:
+        raise ValueError("lowrank_grad has no diagonal term: a context folded with a diagonal belongs to "
+                         "diag_shared_grad")
     y = F.scaled_dot_product_attention(_queries(g, w_q, n_heads, ctx), ctx.k, ctx.v, **_causal_kwargs(g, ctx),
                                        scale=1.0 / tau)
     return _lowrank_out(y, w_q, ctx)
@@ -234,8 +287,9 @@ def diag_shared_grad_sdpa(g: torch.Tensor, ctx: InteractionContext, w_q: torch.T
     ``k'_k = [W^K_k ĥ ; ĥ]``, ``v'_k = [v_k ; ĥ]`` (the shared diagonal repeated per head, so
     ``q'_k·k'_k = s^k_ij``), one causal SDPA call (``is_causal=True`` without a cache), then
     ``−W_Qᵀ y − d ⊙ Σ_k o_k``. Memory O(B·H·N·(d_h + d)) instead of the (B, H, N, S) scores; the
-    diagonal's score and value work is H times the dense path's."""
-    return _augmented_grad(g, ctx, w_q, diag.expand(n_heads, g.shape[-1]), n_heads, tau)
+    diagonal's score and value work is H times the dense path's. A folded step map
+    (:func:`fold_step_map`): the diagonal's values are ``M(d ⊙ ĥ)`` and its term ``−Σ_k o_k``."""
+    return _augmented_grad(g, ctx, w_q, diag.expand(n_heads, g.shape[-1]), n_heads, tau, h_out=ctx.h_out)
 
 
 def diag_shared_grad_dense(g: torch.Tensor, ctx: InteractionContext, w_q: torch.Tensor, diag: torch.Tensor,
@@ -255,8 +309,9 @@ def diag_shared_grad_dense(g: torch.Tensor, ctx: InteractionContext, w_q: torch.
     dt = q.dtype
     k = ctx.k.to(dt)
     v = None if ctx.v is ctx.k else ctx.v.to(dt)  # None: values are the keys (tied)
-    y, o2 = _SharedDiagAttention.apply(q * scale, k, v, g.to(dt) * (diag.to(dt) * scale), ctx.h.to(dt))
-    return _lowrank_out(y, w_q, ctx) + (-diag.to(dt)) * o2
+    h_out = None if ctx.h_out is None else ctx.h_out.to(dt)  # M(d ⊙ ĥ): a folded step map
+    y, o2 = _SharedDiagAttention.apply(q * scale, k, v, g.to(dt) * (diag.to(dt) * scale), ctx.h.to(dt), h_out)
+    return _lowrank_out(y, w_q, ctx) + ((-diag.to(dt)) * o2 if h_out is None else -o2)
 
 
 class _SharedDiagAttention(torch.autograd.Function):
@@ -269,19 +324,21 @@ class _SharedDiagAttention(torch.autograd.Function):
 
     Inputs: scaled queries ``qs`` (B, H, N, d_h), keys ``k`` (B, H, S, d_h), values ``v`` (B, H, S,
     d_v; ``None`` when they are the keys, tied attention: one tensor is not passed twice, which
-    ``torch.compile`` cannot trace), the scaled diagonal queries ``gq`` (B, N, d) and the context
-    ``h`` (B, S, d); the queries are the last N of S positions. Scores ``s^k_ij = qs_k·k_k + gq·h_j``.
+    ``torch.compile`` cannot trace), the scaled diagonal queries ``gq`` (B, N, d), the context
+    ``h`` (B, S, d) and the diagonal's values ``hv`` (B, S, d; ``None``: they are ``h``); the queries
+    are the last N of S positions. Scores ``s^k_ij = qs_k·k_k + gq·h_j``.
 
     Returns:
-        ``y`` (B, H, N, d_v) = ``Σ_j a^k_ij v_j`` and ``o2`` (B, N, d) = ``Σ_k Σ_j a^k_ij h_j``.
+        ``y`` (B, H, N, d_v) = ``Σ_j a^k_ij v_j`` and ``o2`` (B, N, d) = ``Σ_k Σ_j a^k_ij hv_j``.
     """
 
     @staticmethod
-    def forward(ctx, qs, k, v, gq, h):
-        ctx.tied = v is None
+    def forward(ctx, qs, k, v, gq, h, hv=None):
+        ctx.tied, ctx.own_hv = v is None, hv is not None
         # q and k arrive as head views of (B, N, H·d_h): one copy here, not one per block and product
         qs, k, gq, h = qs.contiguous(), k.contiguous(), gq.contiguous(), h.contiguous()
         v = k if v is None else v.contiguous()
+        hv = h if hv is None else hv.contiguous()
         n, s_len = qs.shape[2], k.shape[2]
         allowed = causal_mask(n, s_len, qs.device)
         ys, o2s, weights, head_sums = [], [], [], []
@@ -295,34 +352,36 @@ class _SharedDiagAttention(torch.autograd.Function):
                 a = softmax_low_precision(scores)
                 ys.append(a @ v[:, :, :e])
                 head_sums.append(a.sum(1))                               # kept: the backward needs it too
-                o2s.append(head_sums[-1] @ he)
+                o2s.append(head_sums[-1] @ hv[:, :e])
                 weights.append(a)
         ctx.n_blocks = len(weights)
-        ctx.save_for_backward(qs, k, None if ctx.tied else v, gq, h, *weights, *head_sums)
+        ctx.save_for_backward(qs, k, None if ctx.tied else v, gq, h, hv if ctx.own_hv else None,
+                              *weights, *head_sums)
         return _cat(ys, 2), _cat(o2s, 1)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy, do2):
-        qs, k, v, gq, h, *saved = ctx.saved_tensors
+        qs, k, v, gq, h, hv, *saved = ctx.saved_tensors
         weights, head_sums = saved[:ctx.n_blocks], saved[ctx.n_blocks:]
         v = k if ctx.tied else v
         with torch.autocast(qs.device.type, enabled=False):
             dy, do2, dqs, dgq, dk, dh, dv = _backward_buffers(ctx.tied, qs, k, v, h, gq, dy, do2)
+            hv, dhv = (hv, torch.zeros_like(hv)) if ctx.own_hv else (h, dh)
             for (r0, r1, e), a, a_sum in zip(ctx.blocks, weights, head_sums):
                 he, ke = h[:, :e], k[:, :, :e]
                 dyb, do2b = dy[:, :, r0:r1], do2[:, r0:r1]
                 da = dyb @ v[:, :, :e].transpose(-1, -2)                  # ∂L/∂a (B, H, rows, e)
-                da += (do2b @ he.transpose(-1, -2))[:, None]
+                da += (do2b @ hv[:, :e].transpose(-1, -2))[:, None]
                 dv[:, :, :e] += a.transpose(-1, -2) @ dyb
-                dh[:, :e] += a_sum.transpose(-1, -2) @ do2b
+                dhv[:, :e] += a_sum.transpose(-1, -2) @ do2b
                 ds = torch._softmax_backward_data(da, a, -1, a.dtype)       # ∂L/∂s = a ⊙ (da − Σ_j a da), fused
                 dqs[:, :, r0:r1] = ds @ ke
                 dk[:, :, :e] += ds.transpose(-1, -2) @ qs[:, :, r0:r1]
                 dbias = ds.sum(1)
                 dgq[:, r0:r1] = dbias @ he
                 dh[:, :e] += dbias.transpose(-1, -2) @ gq[:, r0:r1]
-        return dqs, dk, None if ctx.tied else dv, dgq, dh
+        return dqs, dk, None if ctx.tied else dv, dgq, dh, dhv if ctx.own_hv else None
 
 
 class _PerHeadDiagAttention(torch.autograd.Function):
@@ -441,6 +500,7 @@ def diag_per_head_grad_sdpa(g: torch.Tensor, ctx: InteractionContext, w_q: torch
                             n_heads: int, tau: float) -> torch.Tensor:
     """:func:`diag_per_head_grad` through augmented heads ``[W_Q g ; d_k⊙g]`` / ``[W_K ĥ ; ĥ]`` and
     one SDPA call with explicit ``scale=1/τ``: (B, N, d)."""
+    _unfolded(ctx, "diag_per_head_grad_sdpa")
     return _augmented_grad(g, ctx, w_q, diag, n_heads, tau)
 
 
@@ -451,6 +511,7 @@ def diag_per_head_grad_dense(g: torch.Tensor, ctx: InteractionContext, w_q: torc
     time (:class:`_PerHeadDiagAttention`): ``−W_Qᵀ Σ_j a_ij v_j − Σ_k d_k ⊙ Σ_j a^k_ij ĥ_j``,
     (B, N, d). ``ĥ`` is never expanded over heads (one batched product per term).
     """
+    _unfolded(ctx, "diag_per_head_grad_dense")
     scale = 1.0 / tau
     q = _queries(g, w_q, n_heads, ctx)
     dt = q.dtype
@@ -472,8 +533,11 @@ _HEAD_DIM_ALIGN = 8  # augmented heads are zero-padded to a multiple of this (fu
 
 
 def _augmented_grad(g: torch.Tensor, ctx: InteractionContext, w_q: torch.Tensor, diag: torch.Tensor,
-                    n_heads: int, tau: float) -> torch.Tensor:
+                    n_heads: int, tau: float, h_out: torch.Tensor | None = None) -> torch.Tensor:
     """D+LR gradient through augmented heads, ``diag`` (H, d) (a shared one expanded over heads).
+
+    ``h_out``: the diagonal's values ``M(d ⊙ ĥ)`` (B, S, d) of a step map folded in with a shared
+    diagonal (:func:`fold_step_map`); its term is then ``−Σ_k o_k``.
 
     The augmented head dims are zero-padded to a multiple of 8 inside the same concatenation
     (zero query/key features add 0 to the scores, the padded value features are dropped), so the
@@ -491,10 +555,13 @@ def _augmented_grad(g: torch.Tensor, ctx: InteractionContext, w_q: torch.Tensor,
     hk = h[:, None].expand(b, n_heads, ctx.length, d)
     qa = torch.cat((q, dg[None, :, None, :] * g.to(dt)[:, None], q.new_zeros(b, n_heads, n, pad_k)), dim=-1)
     ka = torch.cat((k, hk, hk.new_zeros(b, n_heads, ctx.length, pad_k)), dim=-1)
-    va = ka if (v is k and pad_v == pad_k) else torch.cat(
-        (v, hk, hk.new_zeros(b, n_heads, ctx.length, pad_v)), dim=-1)
+    hv = hk if h_out is None else h_out.to(dt)[:, None].expand(b, n_heads, ctx.length, d)
+    va = ka if (v is k and pad_v == pad_k and h_out is None) else torch.cat(
+        (v, hv, hv.new_zeros(b, n_heads, ctx.length, pad_v)), dim=-1)
     o = F.scaled_dot_product_attention(qa, ka, va, **_causal_kwargs(g, ctx), scale=1.0 / tau)
     y, o2 = o[..., :dv], o[..., dv:dv + d]
+    if h_out is not None:
+        return _lowrank_out(y, w_q, ctx) - o2.sum(1)
     return _lowrank_out(y, w_q, ctx) + ((-dg)[None, :, None, :] * o2).sum(1)
 
 
@@ -509,6 +576,7 @@ def diag_only_grad(g: torch.Tensor, ctx: InteractionContext, diag: torch.Tensor,
 
 def _diag_queries(g: torch.Tensor, ctx: InteractionContext, diag: torch.Tensor):
     """``(d_k ⊙ g, ĥ, d)`` in the compute dtype: (B, H, N, d), (B, S, d), (H, d)."""
+    _unfolded(ctx, "diag_only_grad")
     dt = compute_dtype(g)
     dg = diag.to(dt)
     return dg[None, :, None, :] * g.to(dt)[:, None], ctx.h.to(dt), dg
@@ -720,17 +788,19 @@ def gate_tie_energy(g: torch.Tensor, h_ctx: torch.Tensor, w_gate: torch.Tensor, 
 
 
 def gate_tie_grad(g: torch.Tensor, h_ctx: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
-                  context: torch.Tensor | None = None) -> torch.Tensor:
+                  context: torch.Tensor | None = None, w_out: torch.Tensor | None = None) -> torch.Tensor:
     """Analytic ``∇_g`` of :func:`gate_tie_energy` (B, N, d): ``− W_Gᵀ(W_U ĥ ⊙ SiLU(W_G g))``.
 
     ``context``: precomputed :func:`gate_tie_context` (B, N, d_ff), reused across recursion steps.
+    ``w_out``: the output weight in place of ``W_G`` (d_ff, d); ``M(W_G)`` for a linear step map
+    ``M`` gives ``M(∇_g ε)`` with no per-token work for ``M`` (docs/cem.md §5).
 
     Raises:
         ValueError: shape mismatch.
     """
     _check_mlp(g, h_ctx, w_gate, w_up)
     c = context if context is not None else gate_tie_context(h_ctx, w_gate, w_up)
-    return _neg_matmul(c * F.silu(g @ w_gate.t()), w_gate)
+    return _neg_matmul(c * F.silu(g @ w_gate.t()), w_gate if w_out is None else w_out)
 
 
 def up_tie_context(h_ctx: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
@@ -749,15 +819,17 @@ def up_tie_energy(g: torch.Tensor, h_ctx: torch.Tensor, w_gate: torch.Tensor, w_
 
 
 def up_tie_grad(g: torch.Tensor, h_ctx: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
-                context: torch.Tensor | None = None) -> torch.Tensor:
+                context: torch.Tensor | None = None, w_out: torch.Tensor | None = None) -> torch.Tensor:
     """Analytic ``∇_g`` of :func:`up_tie_energy` (B, N, d): ``− W_Uᵀ(SiLU(W_G ĥ) ⊙ W_U g)``.
+
+    ``w_out``: the output weight in place of ``W_U``, as in :func:`gate_tie_grad`.
 
     Raises:
         ValueError: shape mismatch.
     """
     _check_mlp(g, h_ctx, w_gate, w_up)
     c = context if context is not None else up_tie_context(h_ctx, w_gate, w_up)
-    return _neg_matmul(c * (g @ w_up.t()), w_up)
+    return _neg_matmul(c * (g @ w_up.t()), w_up if w_out is None else w_out)
 
 
 # ----------------------------------------------------------------------------- norm Jacobian

@@ -22,6 +22,10 @@ Step size (docs/cem.md §6): one learnable scalar ``η`` per sub-block shared ov
 ``step_size`` parameter), initialized to 1 for ``T = 1`` and ``1/T`` otherwise; with a
 preconditioner ``η ≡ 1`` (a buffer) and ``P`` carries the scale: ``P = (1/T)·I`` at init
 (``= I`` for ``T = 1``), so the preconditioned sub-block starts exactly as the plain one.
+``P`` is linear, so the fast path folds it into the gradient's output weight once per call
+(``P(−a W) = −a P(W)``; the shared diagonal's values ``P(d ⊙ ĥ)`` likewise) instead of applying it
+to every token's gradient at every step; ``fold_preconditioner = False`` on a sub-block keeps the
+plain path (``P`` applied to each gradient), the reference the fast path is tested against.
 ``per_step_scale=True`` adds learnable per-step factors ``c_t`` (init 1): ``η_t = η·c_t``. All
 parameters are shared over the ``T`` steps.
 
@@ -32,6 +36,8 @@ sub-block under ``torch.no_grad()`` and keeps a graph for its last ``k`` only
 context (keys/values, the MLP gate) computed from the sub-block input keeps its graph.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -52,12 +58,23 @@ NORM_CHOICES = ("rmsnorm", None)
 __all__ = ["CEMAttention", "CEMGatedMLP", "CEMBlock", "ROPE_CHOICES", "NORM_CHOICES"]
 
 
+class _FoldedBranch(NamedTuple):
+    """An MLP sub-block's context with the preconditioner folded in: the fixed multiplicative
+    ``branch`` (B, N, d_ff) and the output weight ``w_out = P(W)`` (d_ff, d)."""
+
+    branch: torch.Tensor
+    w_out: torch.Tensor
+
+
 class _CEMSubBlock(Traceable, nn.Module):
     """Shared machinery: norm, step size, preconditioner and the descent loop."""
 
     #: recompute each descent step's activations in the backward pass (set by
     #: ``energyformer.train.parallelize.apply_activation_checkpointing``; training with gradients only)
     checkpoint_steps: bool = False
+    #: fold the preconditioner into the gradient's output weights once per call (the fast path; exact
+    #: up to rounding) where the option has a folded form; ``False``: apply it to each step's gradient
+    fold_preconditioner: bool = True
 
     def _setup_common(self, d_model: int, n_steps: int, step_size: float | None, preconditioner: str | None,
                       preconditioner_rank: int, norm: str | None, norm_eps: float, grad_through_norm: bool,
@@ -105,12 +122,13 @@ class _CEMSubBlock(Traceable, nn.Module):
             return self.step_size
         return self.step_size * self.step_scales[t]
 
-    def _descend(self, x: torch.Tensor, grad_g: torch.Tensor, t: int) -> torch.Tensor:
-        """``x − η_t P ∇`` with ``∇ = ∇_g ε`` (or ``J_Normᵀ ∇_g ε`` if ``grad_through_norm``)."""
+    def _descend(self, x: torch.Tensor, grad_g: torch.Tensor, t: int, preconditioned: bool = False) -> torch.Tensor:
+        """``x − η_t P ∇`` with ``∇ = ∇_g ε`` (or ``J_Normᵀ ∇_g ε`` if ``grad_through_norm``);
+        ``preconditioned``: ``grad_g`` is already ``P ∇_g ε`` (from a folded context, :meth:`_folded`)."""
         grad = grad_g
         if self.grad_through_norm:
             grad = rms_norm_vjp(x, grad_g, self.norm.weight.to(x.dtype), self.norm.eps)
-        if self.preconditioner is not None:
+        if self.preconditioner is not None and not preconditioned:
             grad = self.preconditioner(grad)
         return torch.addcmul(x, self.step_size_at(t).to(x.dtype), grad, value=-1.0)  # x − η_t·grad, one kernel
 
@@ -144,16 +162,19 @@ class _CEMSubBlock(Traceable, nn.Module):
             check_int("max_halvings", max_halvings, 0)
             return self._run_adaptive(x, h_hat, ctx, T, first_graph, crit, bool(accept_lower_energy), max_halvings,
                                       cache is not None)
+        folded = None if sink is not None or cache is not None else self._folded(ctx)
+        if folded is not None:  # P inside the gradient's output weights: no per-token P at each step
+            ctx = folded
         if self.checkpoint_steps and sink is None and self.training and torch.is_grad_enabled():
             # per-step activation checkpointing: keep x and g per step, recompute the rest in backward
             for t in range(T):
                 if t < first_graph:
                     with torch.no_grad():
-                        x, g = self._step(x, g, h_hat, ctx, t)
+                        x, g = self._step(x, g, h_hat, ctx, t, folded is not None)
                     continue
                 if t == first_graph > 0:
                     g = self._normalize(x)  # the state is detached, its norm is this step's (with a graph)
-                x, g = checkpoint(self._step, x, g, h_hat, ctx, t, use_reentrant=False)
+                x, g = checkpoint(self._step, x, g, h_hat, ctx, t, folded is not None, use_reentrant=False)
             return x
         for t in range(T):
             if t == first_graph > 0:
@@ -162,7 +183,7 @@ class _CEMSubBlock(Traceable, nn.Module):
                 grad = self._grad(g, h_hat, ctx)
                 if sink is not None:
                     sink.record(t, x, {self.trace_sub: self._energy_or_none(g, h_hat)}, grad)
-                x = self._descend(x, grad, t)
+                x = self._descend(x, grad, t, folded is not None)
                 if t + 1 < T or sink is not None:
                     g = self._normalize(x)
         if sink is not None:
@@ -245,10 +266,22 @@ class _CEMSubBlock(Traceable, nn.Module):
         a cache the energy against the cached context (:meth:`CEMAttention._energy_at`)."""
         return self._energy_or_none(g, h_hat)
 
-    def _step(self, x: torch.Tensor, g: torch.Tensor, h_hat: torch.Tensor, ctx, t: int):
+    def _step(self, x: torch.Tensor, g: torch.Tensor, h_hat: torch.Tensor, ctx, t: int, preconditioned: bool = False):
         """One descent step ``(x, g = Norm(x)) -> (x', Norm(x'))`` (the unit of activation checkpointing)."""
-        x = self._descend(x, self._grad(g, h_hat, ctx), t)
+        x = self._descend(x, self._grad(g, h_hat, ctx), t, preconditioned)
         return x, self._normalize(x)
+
+    def _folded(self, ctx):
+        """The context with the preconditioner folded in (:meth:`_fold`), or None where the plain path
+        applies: no preconditioner, ``grad_through_norm`` (``P`` acts after the norm's Jacobian),
+        ``fold_preconditioner = False``, or an option without a folded form."""
+        if self.preconditioner is None or self.grad_through_norm or not self.fold_preconditioner:
+            return None
+        return self._fold(ctx)
+
+    def _fold(self, ctx):  # pragma: no cover - abstract
+        """``ctx`` with the linear map ``P`` folded in, so that :meth:`_grad` returns ``P ∇_g ε``; or None."""
+        raise NotImplementedError
 
     def energy(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """Per-token energy (B, N) of the state ``x`` given the sub-block input ``h`` (both (B, N, d)).
@@ -341,6 +374,9 @@ class CEMAttention(_CEMSubBlock):
     def _grad(self, g: torch.Tensor, h_hat: torch.Tensor, ctx) -> torch.Tensor:
         return self.interaction.grad(g, h_hat, ctx)
 
+    def _fold(self, ctx):
+        return self.interaction.fold_step_map(ctx, self.preconditioner)
+
     def _energy_or_none(self, g: torch.Tensor, h_hat: torch.Tensor) -> torch.Tensor | None:
         return self.interaction.energy(g, h_hat)
 
@@ -424,8 +460,17 @@ class CEMGatedMLP(_CEMSubBlock):
     def _context(self, h_hat: torch.Tensor) -> torch.Tensor:
         return self.tie.context(h_hat, self.gate_proj.weight, self.up_proj.weight)
 
-    def _grad(self, g: torch.Tensor, h_hat: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
+    def _grad(self, g: torch.Tensor, h_hat: torch.Tensor, ctx) -> torch.Tensor:
+        if isinstance(ctx, _FoldedBranch):
+            return self.tie.grad(g, h_hat, self.gate_proj.weight, self.up_proj.weight, ctx.branch, w_out=ctx.w_out)
         return self.tie.grad(g, h_hat, self.gate_proj.weight, self.up_proj.weight, ctx)
+
+    def _fold(self, ctx: torch.Tensor) -> _FoldedBranch | None:
+        """The branch with ``P(W)``, ``W`` the tied projection's weight (the output weight of ``∇_g ε``),
+        or None for a tie whose gradient takes no output weight (``MLPTie.folds_step_map``)."""
+        if not self.tie.folds_step_map:
+            return None
+        return _FoldedBranch(ctx, self.preconditioner(getattr(self, self.tie.tied).weight))
 
     def _energy_or_none(self, g: torch.Tensor, h_hat: torch.Tensor) -> torch.Tensor:
         return self.tie.energy(g, h_hat, self.gate_proj.weight, self.up_proj.weight)

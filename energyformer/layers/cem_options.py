@@ -156,6 +156,13 @@ class Interaction(nn.Module):
         """Per-token ``ε_att`` (B, N) of ``g`` given ``ĥ``, or None when the update is not a gradient."""
         raise NotImplementedError
 
+    def fold_step_map(self, ctx: InteractionContext, step_map) -> InteractionContext | None:
+        """``ctx`` with the linear step map ``M`` (the preconditioner) folded in, so that
+        :meth:`grad` returns ``M(∇_g ε_att)`` with no per-token work for ``M`` at each step
+        (:func:`energyformer.energies.cem.fold_step_map`), or None when the entry has no folded form
+        (the default: the sub-block then applies ``M`` to each step's gradient, the plain path)."""
+        return None
+
     def energy_from_context(self, g: torch.Tensor, ctx: InteractionContext) -> torch.Tensor | None:
         """Per-token ``ε_att`` (B, N) of ``g`` (the last ``N`` positions) against ``ctx`` (from
         :meth:`context`, cached or not), or None when the entry has none (then an energy-based exit
@@ -181,6 +188,10 @@ class LowRankInteraction(Interaction):
     def grad(self, g: torch.Tensor, h_hat: torch.Tensor, ctx: InteractionContext) -> torch.Tensor:
         return E.lowrank_grad(g, ctx, self.q_proj.weight, self.n_heads, self.tau)
 
+    def fold_step_map(self, ctx: InteractionContext, step_map) -> InteractionContext | None:
+        """The output weight ``M(W_Q)`` (see :meth:`Interaction.fold_step_map`)."""
+        return E.fold_step_map(ctx, step_map, self.q_proj.weight)
+
     def energy(self, g: torch.Tensor, h_hat: torch.Tensor) -> torch.Tensor | None:
         """Per-token ``ε_att`` (B, N), or None for ``rope="llama"`` (not the gradient of an energy)."""
         if not self.exact_rope:
@@ -198,6 +209,10 @@ class LowRankInteraction(Interaction):
 
 class _DiagInteraction(LowRankInteraction):
     """A D+LR interaction: its cache slot also holds ``ĥ`` (its diagonal term attends to ``ĥ``)."""
+
+    def fold_step_map(self, ctx: InteractionContext, step_map) -> InteractionContext | None:
+        """None: a per-head diagonal's values would differ per head (the shared one overrides this)."""
+        return None
 
     def _h_to_heads(self, h: torch.Tensor) -> torch.Tensor:
         """ĥ (B, N, d) as a per-head tensor for the cache: split (B, H, N, d/H) or repeated (B, H, N, d)."""
@@ -258,6 +273,13 @@ class DiagSharedInteraction(_DiagInteraction):
     def grad(self, g: torch.Tensor, h_hat: torch.Tensor, ctx: InteractionContext) -> torch.Tensor:
         return E.diag_shared_grad(g, ctx, self.q_proj.weight, self.diag, self.n_heads, self.tau, sdpa=self._sdpa)
 
+    def fold_step_map(self, ctx: InteractionContext, step_map) -> InteractionContext | None:
+        """``M(W_Q)`` and the diagonal's values ``M(d ⊙ ĥ)`` (see :meth:`Interaction.fold_step_map`);
+        None for a cached context (no ``ĥ`` of every position)."""
+        if ctx.h is None:
+            return None
+        return E.fold_step_map(ctx, step_map, self.q_proj.weight, self.diag)
+
 
 def _warn_sdpa() -> None:
     warnings.warn("DiagSharedInteraction.sdpa is deprecated: force the attention path with "
@@ -314,6 +336,9 @@ class MLPTie:
     section: ClassVar[str] = "docs/cem.md §3"
     #: the projection whose transpose is the down projection ("gate_proj" or "up_proj")
     tied: ClassVar[str] = ""
+    #: ``grad_fn`` takes ``w_out`` (the output weight in place of the :attr:`tied` one), so a linear
+    #: preconditioner folds into it (``M(∇) = −a M(W)``); otherwise it is applied to each gradient
+    folds_step_map: ClassVar[bool] = False
 
     @classmethod
     def context(cls, h_hat: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
@@ -322,9 +347,12 @@ class MLPTie:
 
     @classmethod
     def grad(cls, g: torch.Tensor, h_hat: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
-             ctx: torch.Tensor) -> torch.Tensor:
-        """``∇_g ε_mlp`` (B, N, d)."""
-        return cls.grad_fn(g, h_hat, w_gate, w_up, context=ctx)
+             ctx: torch.Tensor, w_out: torch.Tensor | None = None) -> torch.Tensor:
+        """``∇_g ε_mlp`` (B, N, d); ``M(∇_g ε_mlp)`` with ``w_out = M(W)``, ``W`` the :attr:`tied`
+        projection's weight and ``M`` a linear step map (docs/cem.md §5)."""
+        if w_out is None:
+            return cls.grad_fn(g, h_hat, w_gate, w_up, context=ctx)
+        return cls.grad_fn(g, h_hat, w_gate, w_up, context=ctx, w_out=w_out)
 
     @classmethod
     def energy(cls, g: torch.Tensor, h_hat: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
@@ -337,6 +365,7 @@ class GateTie(MLPTie):
     """Variant A: ``ε = −Σ_m (W_U ĥ)_m F(w^gate_m·g)``, ``F = ∫SiLU``; down projection = ``gate_projᵀ``."""
 
     tied = "gate_proj"
+    folds_step_map = True
     context_fn = staticmethod(E.gate_tie_context)
     energy_fn, grad_fn = staticmethod(E.gate_tie_energy), staticmethod(E.gate_tie_grad)
 
@@ -346,5 +375,6 @@ class UpTie(MLPTie):
     """Variant B: ``ε = −½ Σ_m SiLU(w^gate_m·ĥ) (w^up_m·g)²``; down projection = ``up_projᵀ``."""
 
     tied = "up_proj"
+    folds_step_map = True
     context_fn = staticmethod(E.up_tie_context)
     energy_fn, grad_fn = staticmethod(E.up_tie_energy), staticmethod(E.up_tie_grad)

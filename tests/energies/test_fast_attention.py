@@ -322,3 +322,75 @@ def test_cem_diag_shared_sdpa_attribute_is_deprecated_and_still_forces_the_path(
     chosen.clear()
     layer(x)  # None, nothing forced: by device (the dense scores on the CPU)
     assert set(chosen) == {"dense"}
+
+
+# ------------------------------------------------------------------------------------ CEM: folded step map
+def _row_map(d, gen):
+    """A linear row map ``v ↦ v @ R`` with a differentiable ``R`` (d, d), not symmetric (so a wrong
+    side or a transpose shows)."""
+    r = _randn(d, d, gen=gen, scale=0.5).requires_grad_(True)
+    return r, (lambda v: v @ r)
+
+
+@pytest.mark.parametrize("N", [1, 7, 33])
+@pytest.mark.parametrize("form", ["lowrank", "shared_dense", "shared_sdpa"])
+@pytest.mark.parametrize("rope", [None, "exact", "llama"])
+def test_cem_folded_step_map_equals_map_of_gradient_forward_backward(N, form, rope, monkeypatch):
+    """``grad(g, fold_step_map(ctx, M))`` == ``M(grad(g, ctx))`` (float64), output and the gradient of
+    every input and of ``M`` itself; several causal row blocks at N = 33."""
+    monkeypatch.setattr(heads, "CAUSAL_BLOCK_MIN_ROWS", 4)
+    gen = torch.Generator().manual_seed(N)
+    heads_, dh, d = 2, 4, 9
+    g, h, w_q, w_k, diag = (t.requires_grad_(True) for t in _cem_inputs(N, heads_, dh, d, gen))
+    r, step_map = _row_map(d, gen)
+    rope_t = None if rope is None else rope_cos_sin(N, dh, 50.0, dtype=DT)
+    ctx = C.interaction_context(h, w_k, heads_, rope=rope_t, exact_rope=rope != "llama")
+    tau = math.sqrt(dh)
+    if form == "lowrank":
+        def grad(c):
+            return C.lowrank_grad(g, c, w_q, heads_, tau)
+        folded = C.fold_step_map(ctx, step_map, w_q)
+    else:
+        fn = C.diag_shared_grad_dense if form == "shared_dense" else C.diag_shared_grad_sdpa
+
+        def grad(c):
+            return fn(g, c, w_q, diag, heads_, tau)
+        folded = C.fold_step_map(ctx, step_map, w_q, diag)
+    assert folded.folded and not ctx.folded
+    fast, ref = grad(folded), step_map(grad(ctx))
+    torch.testing.assert_close(fast, ref, **TOL)
+    assert (fast - grad(ctx)).abs().max() > 1e-2  # the map is not the identity: the test can fail
+    cot = torch.randn(fast.shape, generator=gen, dtype=DT)
+    inputs = [g, h, w_q, w_k, diag, r]
+    g_fast = torch.autograd.grad((fast * cot).sum(), inputs, allow_unused=True, retain_graph=True)
+    g_ref = torch.autograd.grad((ref * cot).sum(), inputs, allow_unused=True)
+    for name, a, b in zip(["g", "h", "w_q", "w_k", "diag", "R"], g_fast, g_ref):
+        if form == "lowrank" and name == "diag":
+            assert a is None and b is None
+            continue
+        torch.testing.assert_close(a, b, **TOL, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_cem_folded_step_map_refuses_what_it_cannot_fold():
+    """A per-head diagonal, a context without ĥ, a second fold, and the forms without a folded
+    path given a folded context: each a clear ValueError, never a silently unmapped gradient."""
+    gen = torch.Generator().manual_seed(0)
+    g, h, w_q, w_k, diag = _cem_inputs(5, 2, 4, 8, gen)
+    ctx = C.interaction_context(h, w_k, 2)
+    step_map = lambda v: 2.0 * v  # noqa: E731
+    with pytest.raises(ValueError, match=r"shared diagonal \(d,\)=\(8,\) only; got diag of shape \(2, 8\)"):
+        C.fold_step_map(ctx, step_map, w_q, diag.expand(2, 8))
+    with pytest.raises(ValueError, match="needs the context's ĥ"):
+        C.fold_step_map(C.InteractionContext(None, ctx.k, ctx.v, None), step_map, w_q, diag)
+    folded = C.fold_step_map(ctx, step_map, w_q, diag)
+    with pytest.raises(ValueError, match="already has a step map folded in"):
+        C.fold_step_map(folded, step_map, w_q)
+    with pytest.raises(ValueError, match="no diagonal term"):
+        C.lowrank_grad(g, folded, w_q, 2, 2.0)
+    per_head = diag.expand(2, 8).contiguous()
+    for fn in (C.diag_per_head_grad_dense, C.diag_per_head_grad_sdpa):
+        with pytest.raises(ValueError, match="takes no folded step map"):
+            fn(g, folded, w_q, per_head, 2, 2.0)
+    only = C.fold_step_map(C.interaction_context(h, None, 2), step_map, w_q[:, :8], diag)
+    with pytest.raises(ValueError, match="takes no folded step map"):
+        C.diag_only_grad(g, only, per_head, 2.0)

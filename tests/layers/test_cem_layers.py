@@ -439,3 +439,86 @@ def test_the_removed_old_names_are_gone():
     assert not hasattr(step_maps, "Preconditioner")
     assert not hasattr(CEMAttention(D, H, n_steps=2), "eta")
 
+
+
+# ----------------------------------------------------------------------------- folded preconditioner
+def _fwd_bwd(block, x, **kw):
+    y = block(x, **kw) if kw else block(x)
+    cot = torch.randn(y.shape, generator=torch.Generator().manual_seed(5), dtype=DT)
+    return y, torch.autograd.grad((y * cot).sum(), [x, *block.parameters()])
+
+
+def _set_fold(block, on):
+    for sub in (block.attn, block.mlp):
+        sub.fold_preconditioner = on
+
+
+@pytest.mark.parametrize("precond", ["diag", "diag_lowrank", "diag_lowrank_psd", "full", "psd_plus_skew"])
+@pytest.mark.parametrize("interaction,tie", [("lowrank", "gate"), ("diag_shared", "up"), ("diag_shared", "gate"),
+                                             ("diag_per_head", "gate")])
+@pytest.mark.parametrize("mode", ["plain", "checkpoint", "backprop_steps"])
+def test_folded_preconditioner_equals_preconditioner_applied_to_each_gradient(precond, interaction, tie, mode):
+    """The fast path (``P`` folded into the output weights once per call) gives the plain path's
+    output and the gradient of the input and of every parameter (float64), for every step map,
+    T = 3, with per-step activation checkpointing and with a truncated backward too."""
+    torch.manual_seed(0)
+    block = _perturb(CEMBlock(D, H, 24, attn_n_steps=3, mlp_n_steps=3, interaction=interaction, mlp_tie=tie,
+                              rope="exact", preconditioner=precond, preconditioner_rank=3).double())
+    if mode == "checkpoint":
+        block.attn.checkpoint_steps = block.mlp.checkpoint_steps = True
+    kw = {"backprop_steps": 2} if mode == "backprop_steps" else {}
+    x = _x(7).requires_grad_(True)
+    fast = _fwd_bwd(block, x, **kw)
+    _set_fold(block, False)
+    plain = _fwd_bwd(block, x, **kw)
+    torch.testing.assert_close(fast[0], plain[0], atol=ATOL, rtol=0)
+    names = ["x", *(n for n, _ in block.named_parameters())]
+    for name, a, b in zip(names, fast[1], plain[1]):
+        torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-9, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("interaction,attn_calls", [("lowrank", 1), ("diag_shared", 2), ("diag_per_head", 3)])
+def test_folded_preconditioner_is_applied_once_per_call_not_once_per_step(interaction, attn_calls):
+    """With the fold, ``P`` runs on weights (and the shared diagonal's values) once per call,
+    whatever ``T``; the plain path (``fold_preconditioner = False``, a per-head diagonal,
+    ``grad_through_norm``, tracing) applies it to each step's (B, N, d) gradient."""
+    torch.manual_seed(0)
+    block = CEMBlock(D, H, 24, attn_n_steps=3, mlp_n_steps=3, interaction=interaction,
+                     preconditioner="diag_lowrank", preconditioner_rank=3).double()
+    calls = {"attn": [], "mlp": []}
+    for sub in ("attn", "mlp"):
+        getattr(block, sub).preconditioner.register_forward_hook(
+            lambda m, args, out, sub=sub: calls[sub].append(tuple(args[0].shape)))
+    x = _x(7)
+    block(x)
+    assert len(calls["attn"]) == attn_calls and calls["mlp"] == [(24, D)]
+    assert (2, 7, D) not in calls["attn"] or interaction != "lowrank"
+    for sub in calls.values():
+        sub.clear()
+    _set_fold(block, False)
+    block(x)
+    assert calls == {"attn": [(2, 7, D)] * 3, "mlp": [(2, 7, D)] * 3}
+    _set_fold(block, True)
+    for sub in calls.values():
+        sub.clear()
+    with tracing(block):
+        block(x)
+    assert calls == {"attn": [(2, 7, D)] * 3, "mlp": [(2, 7, D)] * 3}  # the trace records ∇ε, then P∇ε
+
+
+def test_folded_preconditioner_falls_back_for_a_tie_without_an_output_weight():
+    """An MLP tie whose gradient takes no ``w_out`` (``folds_step_map = False``, e.g. a plugin's)
+    gets ``P`` applied to each gradient, with the same result."""
+    torch.manual_seed(0)
+    mlp = _perturb(CEMGatedMLP(D, 24, n_steps=2, preconditioner="diag_lowrank", preconditioner_rank=3).double())
+    x = _x(5)
+    with torch.no_grad():
+        fast = mlp(x)
+
+    class NoFold(MLP_TIES.get("gate")):
+        folds_step_map = False
+
+    mlp.tie = NoFold
+    assert mlp._folded(mlp._context(x)) is None
+    with torch.no_grad():
+        torch.testing.assert_close(mlp(x), fast, atol=ATOL, rtol=0)
