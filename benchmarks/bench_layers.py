@@ -1,6 +1,7 @@
 """Layer-level cost of every CEM and NRGPT row against its peer layer, next to its FLOP bound.
 
-CEM rows (``CEMBlock``: T = 1, 2, 4; tied, diag_shared, diag_per_head; preconditioner) are timed
+CEM rows (``CEMBlock``: T = 1, 2, 4; tied, diag_shared, diag_per_head; preconditioner, folded into
+the output weights and, as the plain path beside it, applied to each step's gradient) are timed
 against ``transformers``' ``LlamaDecoderLayer`` (SDPA) at the same shape; NRGPT block rows (FF1,
 FF2W, full and factored J, and the reference preset's block) against our GPT_Rec_parallel block
 and against the same energy differentiated with ``torch.func.grad`` inside the forward (what the
@@ -55,6 +56,10 @@ CEM_ROWS = [
     ("cem preconditioner", dict(preconditioner="diag_lowrank")),
     ("cem full (T=2, diag_shared, P)", dict(attn_n_steps=2, mlp_n_steps=2, interaction="diag_shared",
                                             preconditioner="diag_lowrank")),
+    # the plain path beside the fast one: P applied to each step's gradient, not folded into the weights
+    ("cem preconditioner, P per step", dict(preconditioner="diag_lowrank", fold_preconditioner=False)),
+    ("cem full, P per step", dict(attn_n_steps=2, mlp_n_steps=2, interaction="diag_shared",
+                                  preconditioner="diag_lowrank", fold_preconditioner=False)),
 ]
 NRGPT_REFERENCE = "nrgpt reference (ff2w full J)"
 NRGPT_ROWS = [
@@ -159,7 +164,10 @@ def build_layers(d: int, h: int, device: str, names: list[str] | None = None) ->
         peer_layer.to(device)
     for name, kw in CEM_ROWS:
         if name in names:
+            kw = dict(kw)
+            fold = kw.pop("fold_preconditioner", True)
             layers[name] = CEMBlock(d, h, d_ff, rope="llama", **kw).to(device)
+            layers[name].attn.fold_preconditioner = layers[name].mlp.fold_preconditioner = fold
     if GPT_REC in names:
         layers[GPT_REC] = GPTBlock(d, h, 4 * d, activation="relu", parallel=True).to(device)
     for name, kw in NRGPT_ROWS:
