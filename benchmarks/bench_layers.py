@@ -27,14 +27,25 @@ Goals (issue 10; ``--check`` exits 1 naming each miss with its numbers):
     python benchmarks/bench_layers.py --rows "cem T=2,reference"   # some rows (and their peers) only
     python benchmarks/bench_layers.py --rows cem --shape 128,4,128,32 --shape 256,8,256,4   # some shapes only
     python benchmarks/bench_layers.py --profile "cem diag_shared" --profile-shape 256,8,256,4
+    python benchmarks/bench_layers.py --rows cem --processes 5   # each row's median over 5 fresh processes
+
+``--processes K`` measures in K fresh processes, one after another, and reports each row's
+median (and the range of ``cost / bound``): on a shared VM a whole row can move by ±5–10% from one
+process to the next (memory layout, neighbours), more than the interleaved repeats inside one
+process show.
 
 Writes benchmarks/results/bench_layers[-<shapes>]-<device>.json (environment, settings, every row).
 """
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
+import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from common import LAYER_SHAPES, find_name, finish, goal, interleaved_median_ms, parse_args, profile_table, run_main
@@ -232,13 +243,67 @@ def bench_shape(d: int, h: int, n: int, b: int, repeats: int, device: str,
     return rows
 
 
+def aggregate_runs(runs: list[list[dict]]) -> list[dict]:
+    """One row per (shape, row) from the rows of several processes' runs: the median of ``ms``,
+    ``time_ratio`` and ``cost_over_bound`` (FLOPs do not vary), every process's ``cost_over_bound``
+    in ``cost_over_bound_runs``, and the goals judged on the medians.
+
+    Raises:
+        ValueError: no runs, or runs that do not hold the same rows.
+    """
+    if not runs:
+        raise ValueError("aggregate_runs needs at least one run")
+    keys = [(tuple(r["shape"]), r["row"]) for r in runs[0]]
+    by_run = [{(tuple(r["shape"]), r["row"]): r for r in run} for run in runs]
+    if any(set(b) != set(keys) for b in by_run):
+        raise ValueError("the processes' runs hold different rows")
+    out = []
+    for key in keys:
+        rs = [b[key] for b in by_run]
+        row = dict(rs[0])
+        for field in ("ms", "time_ratio", "cost_over_bound"):
+            row[field] = statistics.median(r[field] for r in rs)
+        row["cost_over_bound_runs"] = [r["cost_over_bound"] for r in rs]
+        row["goals"] = row_goals(row["row"], row["time_ratio"], row["cost_over_bound"])
+        out.append(row)
+    return out
+
+
 def format_table(rows: list[dict]) -> str:
-    lines = ["| shape (d, H, N, B) | row | peer | ms | GFLOP | time / peer | FLOPs / peer | cost / bound |",
-             "|---|---|---|---:|---:|---:|---:|---:|"]
+    runs = "cost_over_bound_runs" in rows[0] if rows else False
+    lines = ["| shape (d, H, N, B) | row | peer | ms | GFLOP | time / peer | FLOPs / peer | cost / bound |"
+             + (" range (processes) |" if runs else ""),
+             "|---|---|---|---:|---:|---:|---:|---:|" + ("---:|" if runs else "")]
     for r in rows:
-        lines.append(f"| {tuple(r['shape'])} | {r['row']} | {r['peer']} | {r['ms']:.1f} | {r['gflop']:.2f} | "
-                     f"{r['time_ratio']:.2f} | {r['flop_ratio']:.2f} | {r['cost_over_bound']:.2f} |")
+        line = (f"| {tuple(r['shape'])} | {r['row']} | {r['peer']} | {r['ms']:.1f} | {r['gflop']:.2f} | "
+                f"{r['time_ratio']:.2f} | {r['flop_ratio']:.2f} | {r['cost_over_bound']:.2f} |")
+        if runs:
+            line += f" {min(r['cost_over_bound_runs']):.2f}–{max(r['cost_over_bound_runs']):.2f} |"
+        lines.append(line)
     return "\n".join(lines)
+
+
+def run_in_processes(args: argparse.Namespace, shapes: list[tuple[int, int, int, int]], repeats: int,
+                     k: int) -> list[dict]:
+    """The measurement of ``args`` in ``k`` fresh processes, one after another, aggregated
+    (:func:`aggregate_runs`)."""
+    child = [sys.executable, str(Path(__file__).resolve()), "--device", args.device, "--repeats", str(repeats)]
+    for shape in shapes:
+        child += ["--shape", ",".join(map(str, shape))]
+    if args.rows:
+        child += ["--rows", args.rows]
+    if args.threads:
+        child += ["--threads", str(args.threads)]
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(k):
+            out = Path(tmp) / f"run{i}.json"
+            done = subprocess.run(child + ["--out", str(out)], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"process {i + 1} of {k} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+            runs.append(json.loads(out.read_text())["rows"])
+            print(f"process {i + 1} of {k} done", file=sys.stderr)
+    return aggregate_runs(runs)
 
 
 def parse_shape(text: str) -> tuple[int, int, int, int]:
@@ -285,7 +350,11 @@ def main(argv=None) -> int:
                    help="this shape instead of --shapes' (repeatable), e.g. --shape 128,4,128,32")
     p.add_argument("--out", default=None,
                    help="JSON path (default benchmarks/results/bench_layers[-<shapes>]-<device>.json)")
+    p.add_argument("--processes", type=int, default=1, metavar="K",
+                   help="measure in K fresh processes one after another; report each row's median and range")
     args = parse_args(p, argv)
+    if args.processes < 1:
+        raise ValueError(f"--processes {args.processes} must be at least 1")
     shapes_name = "tiny" if args.quick else args.shapes
     if args.profile_shape and not args.profile:
         raise ValueError(f"--profile-shape {args.profile_shape!r} needs --profile ROW (it is the shape of the profile)")
@@ -296,7 +365,10 @@ def main(argv=None) -> int:
     repeats = 3 if args.quick else args.repeats
     names = select_rows(args.rows.split(",") if args.rows else None)
     shapes = [parse_shape(s) for s in args.shape] if args.shape else LAYER_SHAPES[shapes_name]
-    rows = [r for shape in shapes for r in bench_shape(*shape, repeats, args.device, names)]
+    if args.processes > 1:
+        rows = run_in_processes(args, shapes, repeats, args.processes)
+    else:
+        rows = [r for shape in shapes for r in bench_shape(*shape, repeats, args.device, names)]
     print(format_table(rows))
     tag = "" if shapes_name == "cpu" and not args.shape else (
         "-".join("x".join(map(str, s)) for s in shapes) if args.shape else shapes_name)

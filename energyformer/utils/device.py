@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from energyformer.utils.malloc import keep_freed_memory
+
 __all__ = ["resolve_device", "local_cuda_device", "resolve_dtype", "configure_backends", "autocast_context",
            "DTYPE_CHOICES", "CUBLAS_WORKSPACE"]
 
@@ -93,7 +95,14 @@ def configure_backends(device: torch.device | str | None = None, *, deterministi
     already in use), ``cudnn.deterministic`` and no cuDNN autotuning; TF32 stays on (it is
     deterministic, only less precise). ``False`` turns these off again; ``None`` leaves them as
     they are (``sample``, ``eval``).
+
+    On every device: glibc's ``malloc`` keeps freed CPU memory in the process
+    (:func:`energyformer.utils.malloc.keep_freed_memory`; ``ENERGYFORMER_MALLOC=system`` opts out).
+
+    Raises:
+        ValueError: ``ENERGYFORMER_MALLOC`` set to an unknown value.
     """
+    keep_freed_memory()
     cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
     if cuda:
         torch.set_float32_matmul_precision("high")

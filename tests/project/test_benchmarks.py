@@ -130,6 +130,39 @@ def test_bench_layers_quick_every_row(bench, tmp_path):
     assert "speed-up vs Llama layer" in _goals(rows)
 
 
+def test_bench_layers_aggregates_processes_by_median(bench):
+    """``--processes``: each row's median over the processes, every process's cost / bound kept,
+    the goals judged on the medians; runs with different rows are refused."""
+    bl = bench["bench_layers"]
+
+    def row(ms, ratio, name="cem T=2 tied"):
+        return {"shape": [8, 2, 4, 1], "row": name, "peer": bl.LLAMA, "ms": ms, "gflop": 1.0, "time_ratio": ratio,
+                "flop_ratio": 1.0, "cost_over_bound": ratio, "goals": []}
+
+    runs = [[row(10.0, 1.20)], [row(12.0, 1.05)], [row(11.0, 1.12)]]
+    (agg,) = bl.aggregate_runs(runs)
+    assert (agg["ms"], agg["time_ratio"], agg["cost_over_bound"]) == (11.0, 1.12, 1.12)
+    assert agg["cost_over_bound_runs"] == [1.20, 1.05, 1.12]
+    assert [(g["goal"], g["met"]) for g in agg["goals"]] == [("cost / bound", False)]
+    assert "1.05–1.20" in bl.format_table([agg])
+    with pytest.raises(ValueError, match="different rows"):
+        bl.aggregate_runs([[row(1.0, 1.0)], [row(1.0, 1.0, name="cem T=4 tied")]])
+
+
+def test_bench_layers_rejects_zero_processes(bench):
+    with pytest.raises(ValueError, match="--processes 0 must be at least 1"):
+        bench["bench_layers"].main(["--quick", "--processes", "0"])
+
+
+@pytest.mark.slow  # two fresh interpreters importing torch and transformers: 30-80 s on 2 cores
+def test_bench_layers_processes_end_to_end(bench, tmp_path):
+    out = tmp_path / "layers.json"
+    assert bench["bench_layers"].main(["--quick", "--rows", "cem T=1", "--processes", "2", "--out", str(out)]) == 0
+    rows = _load(out)["rows"]
+    assert {r["row"] for r in rows} == {"transformers LlamaDecoderLayer", "cem T=1 tied"}
+    assert all(len(r["cost_over_bound_runs"]) == 2 for r in rows)
+
+
 def test_bench_layers_rejects_an_unknown_row(bench):
     with pytest.raises(ValueError, match="'nope' matches no row"):
         bench["bench_layers"].select_rows(["nope"])
