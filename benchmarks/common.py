@@ -284,8 +284,8 @@ def run_main(main: Callable[[], int]) -> int:
     where CUDA is (``energyformer.utils.device.configure_backends``, as every command)."""
     from energyformer.utils.device import configure_backends
 
-    configure_backends()
     try:
+        configure_backends()
         return main()
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

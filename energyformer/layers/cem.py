@@ -467,8 +467,8 @@ class CEMGatedMLP(_CEMSubBlock):
 
     def _fold(self, ctx: torch.Tensor) -> _FoldedBranch | None:
         """The branch with ``P(W)``, ``W`` the tied projection's weight (the output weight of ``∇_g ε``),
-        or None for a tie whose gradient takes no output weight (``MLPTie.folds_step_map``)."""
-        if not self.tie.folds_step_map:
+        or None for a tie whose gradient takes no output weight (``MLPTie.folds_step_map()``)."""
+        if not self.tie.folds_step_map():
             return None
         return _FoldedBranch(ctx, self.preconditioner(getattr(self, self.tie.tied).weight))
 

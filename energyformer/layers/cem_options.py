@@ -24,6 +24,7 @@ parameter) automatically. A module outside the package is loaded by
 """
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from typing import ClassVar
@@ -189,7 +190,10 @@ class LowRankInteraction(Interaction):
         return E.lowrank_grad(g, ctx, self.q_proj.weight, self.n_heads, self.tau)
 
     def fold_step_map(self, ctx: InteractionContext, step_map) -> InteractionContext | None:
-        """The output weight ``M(W_Q)`` (see :meth:`Interaction.fold_step_map`)."""
+        """The output weight ``M(W_Q)`` (see :meth:`Interaction.fold_step_map`); None for a subclass
+        that overrides :meth:`grad` (its gradient need not read ``ctx.w_out``)."""
+        if type(self).grad is not LowRankInteraction.grad:
+            return None
         return E.fold_step_map(ctx, step_map, self.q_proj.weight)
 
     def energy(self, g: torch.Tensor, h_hat: torch.Tensor) -> torch.Tensor | None:
@@ -275,8 +279,9 @@ class DiagSharedInteraction(_DiagInteraction):
 
     def fold_step_map(self, ctx: InteractionContext, step_map) -> InteractionContext | None:
         """``M(W_Q)`` and the diagonal's values ``M(d ⊙ ĥ)`` (see :meth:`Interaction.fold_step_map`);
-        None for a cached context (no ``ĥ`` of every position)."""
-        if ctx.h is None:
+        None for a cached context (no ``ĥ`` of every position) and for a subclass that overrides
+        :meth:`grad`."""
+        if ctx.h is None or type(self).grad is not DiagSharedInteraction.grad:
             return None
         return E.fold_step_map(ctx, step_map, self.q_proj.weight, self.diag)
 
@@ -336,14 +341,24 @@ class MLPTie:
     section: ClassVar[str] = "docs/cem.md §3"
     #: the projection whose transpose is the down projection ("gate_proj" or "up_proj")
     tied: ClassVar[str] = ""
-    #: ``grad_fn`` takes ``w_out`` (the output weight in place of the :attr:`tied` one), so a linear
-    #: preconditioner folds into it (``M(∇) = −a M(W)``); otherwise it is applied to each gradient
-    folds_step_map: ClassVar[bool] = False
 
     @classmethod
     def context(cls, h_hat: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
         """The fixed multiplicative branch (B, N, d_ff) from ``ĥ`` (B, N, d)."""
         return cls.context_fn(h_hat, w_gate, w_up)
+
+    @classmethod
+    def folds_step_map(cls) -> bool:
+        """Whether :meth:`grad` takes ``w_out`` (the output weight in place of the :attr:`tied` one), so
+        that a linear preconditioner folds into it (``M(∇) = −a M(W)``): the base :meth:`grad` with a
+        ``grad_fn`` that has a ``w_out`` parameter, or an overriding :meth:`grad` that has one. A tie
+        written for the earlier signature gets the preconditioner applied to each gradient instead."""
+        grad = cls.grad.__func__
+        fn = cls.grad_fn if grad is MLPTie.grad.__func__ else grad
+        try:
+            return "w_out" in inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            return False
 
     @classmethod
     def grad(cls, g: torch.Tensor, h_hat: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
@@ -365,7 +380,6 @@ class GateTie(MLPTie):
     """Variant A: ``ε = −Σ_m (W_U ĥ)_m F(w^gate_m·g)``, ``F = ∫SiLU``; down projection = ``gate_projᵀ``."""
 
     tied = "gate_proj"
-    folds_step_map = True
     context_fn = staticmethod(E.gate_tie_context)
     energy_fn, grad_fn = staticmethod(E.gate_tie_energy), staticmethod(E.gate_tie_grad)
 
@@ -375,6 +389,5 @@ class UpTie(MLPTie):
     """Variant B: ``ε = −½ Σ_m SiLU(w^gate_m·ĥ) (w^up_m·g)²``; down projection = ``up_projᵀ``."""
 
     tied = "up_proj"
-    folds_step_map = True
     context_fn = staticmethod(E.up_tie_context)
     energy_fn, grad_fn = staticmethod(E.up_tie_energy), staticmethod(E.up_tie_grad)

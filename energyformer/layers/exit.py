@@ -256,7 +256,7 @@ class ExitState:
 
     def update(self, view: ExitView) -> bool:
         """Let the criterion see the step; mark the tokens that exit. Returns whether any token is still active."""
-        self.active &= ~self.criterion.fires(view)
+        self.active = self.active & ~self.criterion.fires(view)  # a new tensor: where() saved the old one
         return bool(self.active.any())
 
 

@@ -37,7 +37,7 @@ from energyformer.runs.rng import seed_everything
 from energyformer.train.depth import check_supported
 from energyformer.train.metrics import MetricsLogger
 from energyformer.train.optim import build_optimizer, lr_at
-from energyformer.utils.device import resolve_device
+from energyformer.utils.device import configure_backends, resolve_device
 
 
 @torch.no_grad()
@@ -82,6 +82,7 @@ def train_regressor(run_cfg: RunConfig, progress: bool | None = None) -> dict[st
         raise ValueError("train.dtype='bfloat16': the regressor trains in float32; leave train.dtype 'auto' "
                          "or give 'float32'")
     device = resolve_device(tc.device)
+    configure_backends(device)  # as every training: the CPU allocator (train.deterministic is refused above)
     t_start, cpu_start = time.perf_counter(), time.process_time()
     if tc.num_threads is not None:
         torch.set_num_threads(tc.num_threads)

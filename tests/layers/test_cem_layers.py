@@ -16,6 +16,7 @@ from helpers import perturb
 from energyformer.energies.cem import interaction_energy, interaction_grad
 from energyformer.energies.heads import apply_rope, rope_cos_sin
 from energyformer.layers.cem import CEMAttention, CEMBlock, CEMGatedMLP
+from energyformer.layers.cem_options import INTERACTIONS as INTERACTION_REGISTRY
 from energyformer.layers.cem_options import MLP_TIES
 from energyformer.layers.step_maps import preconditioner
 from energyformer.layers.trace import tracing
@@ -506,19 +507,52 @@ def test_folded_preconditioner_is_applied_once_per_call_not_once_per_step(intera
     assert calls == {"attn": [(2, 7, D)] * 3, "mlp": [(2, 7, D)] * 3}  # the trace records ∇ε, then P∇ε
 
 
-def test_folded_preconditioner_falls_back_for_a_tie_without_an_output_weight():
-    """An MLP tie whose gradient takes no ``w_out`` (``folds_step_map = False``, e.g. a plugin's)
-    gets ``P`` applied to each gradient, with the same result."""
+def test_folded_preconditioner_falls_back_for_ties_written_for_the_old_signature():
+    """An MLP tie whose gradient takes no ``w_out`` (a plugin's ``grad_fn`` or ``grad`` from before
+    the fold) gets ``P`` applied to each gradient, with the same result; the built-in ties fold."""
+    base = MLP_TIES.get("gate")
+    assert base.folds_step_map() and MLP_TIES.get("up").folds_step_map()
+
+    def old_grad_fn(g, h_hat, w_gate, w_up, context=None):
+        return base.grad_fn(g, h_hat, w_gate, w_up, context=context)
+
+    class OldGradFn(base):
+        grad_fn = staticmethod(old_grad_fn)
+
+    class OldGrad(base):
+        @classmethod
+        def grad(cls, g, h_hat, w_gate, w_up, ctx):
+            return base.grad_fn(g, h_hat, w_gate, w_up, context=ctx)
+
     torch.manual_seed(0)
     mlp = _perturb(CEMGatedMLP(D, 24, n_steps=2, preconditioner="diag_lowrank", preconditioner_rank=3).double())
     x = _x(5)
     with torch.no_grad():
         fast = mlp(x)
+    for tie in (OldGradFn, OldGrad):
+        assert not tie.folds_step_map()
+        mlp.tie = tie
+        assert mlp._folded(mlp._context(x)) is None
+        with torch.no_grad():
+            torch.testing.assert_close(mlp(x), fast, atol=ATOL, rtol=0)
 
-    class NoFold(MLP_TIES.get("gate")):
-        folds_step_map = False
 
-    mlp.tie = NoFold
-    assert mlp._folded(mlp._context(x)) is None
+@pytest.mark.parametrize("base_name", ["lowrank", "diag_shared"])
+def test_folded_preconditioner_falls_back_for_an_interaction_that_overrides_grad(base_name):
+    """A subclass of a built-in interaction with its own ``grad`` (here ε + ½‖g‖²) gets ``P``
+    applied to its gradient: the fold would drop what its ``grad`` adds."""
+    base = INTERACTION_REGISTRY.get(base_name)
+
+    class PlusQuadratic(base):
+        def grad(self, g, h_hat, ctx):
+            return super().grad(g, h_hat, ctx) + 0.5 * g
+
+    layer = _perturb(_attn(interaction=base_name, n_steps=2, preconditioner="diag"))
+    x = _x(7)
+    assert layer._folded(layer._context(x)) is not None
+    layer.interaction.__class__ = PlusQuadratic
+    assert layer._folded(layer._context(x)) is None
     with torch.no_grad():
-        torch.testing.assert_close(mlp(x), fast, atol=ATOL, rtol=0)
+        fast = layer(x)
+        layer.fold_preconditioner = False
+        torch.testing.assert_close(fast, layer(x), atol=ATOL, rtol=0)

@@ -150,3 +150,22 @@ def test_accept_lower_energy_step_rejects_bad_max_halvings():
     x = torch.zeros(1, 1, 2)
     with pytest.raises(ValueError, match="max_halvings"):
         accept_lower_energy_step(x, x, lambda s: s.sum(-1), -1)
+
+
+@pytest.mark.parametrize("exit", ["abs:1e9", "abs:1e-2"])
+def test_an_exit_in_a_forward_with_gradients_backpropagates(exit):
+    """``exit=`` with gradients on: the per-token freeze (``where(active, …)``) keeps its mask for
+    the backward, so the next step's update of ``active`` must not overwrite it in place. A
+    criterion that fires at once gives the gradients of the steps each token took."""
+    from energyformer.layers.cem import CEMBlock
+
+    torch.manual_seed(0)
+    block = CEMBlock(16, 4, 24, attn_n_steps=3, mlp_n_steps=3).double()
+    x = torch.randn(2, 5, 16, dtype=torch.float64, requires_grad=True)
+    y = block(x, exit=exit)
+    (gx,) = torch.autograd.grad(y.square().sum(), x)
+    assert torch.isfinite(gx).all()
+    if exit == "abs:1e9":  # fires after the first step everywhere: one step in each sub-block
+        y1 = block(x, n_steps=1)
+        torch.testing.assert_close(y, y1, atol=1e-12, rtol=0)
+        torch.testing.assert_close(gx, torch.autograd.grad(y1.square().sum(), x)[0], atol=1e-10, rtol=0)

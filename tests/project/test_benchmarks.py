@@ -303,7 +303,7 @@ def test_report_says_what_is_missing(bench, tmp_path):
         bench["report"].main(["--results", str(tmp_path)])
 
 
-def test_bad_arguments_are_one_error_line(bench, tmp_path, capsys):
+def test_bad_arguments_are_one_error_line(bench, tmp_path, capsys, monkeypatch):
     """A bad argument or input file is one ``error:`` line and exit 2, not a traceback."""
     run_main = bench["common"].run_main
     assert run_main(lambda: bench["bench_layers"].main(["--quick", "--profile", "nosuch"])) == 2
@@ -315,6 +315,9 @@ def test_bad_arguments_are_one_error_line(bench, tmp_path, capsys):
     assert len(err) == 4 and all(line.startswith("error: ") for line in err)
     assert "'nosuch' matches no row" in err[0] and "needs --profile ROW" in err[1]
     assert "does not exist" in err[2] and "is not a benchmark result" in err[3]
+    monkeypatch.setenv("ENERGYFORMER_MALLOC", "bogus")  # the process set-up's errors too: one line, status 2
+    assert run_main(lambda: 0) == 2
+    assert capsys.readouterr().err.startswith("error: ENERGYFORMER_MALLOC='bogus'")
 
 
 # ------------------------------------------------------------------------------------------------

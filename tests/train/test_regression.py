@@ -65,3 +65,12 @@ def test_the_regressor_trains_on_the_given_device_and_records_it(gp_data, tmp_pa
     assert 0 < summary["cpu_minutes"] and summary["minutes"] > 0  # CPU time beside the wall clock
     with pytest.raises(ValueError, match="the regressor trains in float32"):
         train(run_cfg(gp_data, tmp_path / "run2", dtype="bfloat16"), progress=False)
+
+
+def test_the_regressor_sets_up_the_process_as_every_training(gp_data, tmp_path, monkeypatch):
+    """``configure_backends`` runs here too (the CPU allocator, ``ENERGYFORMER_MALLOC``): a bad value
+    is refused before anything is written."""
+    monkeypatch.setenv("ENERGYFORMER_MALLOC", "bogus")
+    with pytest.raises(ValueError, match="ENERGYFORMER_MALLOC='bogus' must be one of tuned, system"):
+        train(run_cfg(gp_data, tmp_path / "run"), progress=False)
+    assert not (tmp_path / "run").exists()
