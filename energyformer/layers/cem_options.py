@@ -24,6 +24,7 @@ parameter) automatically. A module outside the package is loaded by
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import warnings
@@ -352,13 +353,9 @@ class MLPTie:
         """Whether :meth:`grad` takes ``w_out`` (the output weight in place of the :attr:`tied` one), so
         that a linear preconditioner folds into it (``M(∇) = −a M(W)``): the base :meth:`grad` with a
         ``grad_fn`` that has a ``w_out`` parameter, or an overriding :meth:`grad` that has one. A tie
-        written for the earlier signature gets the preconditioner applied to each gradient instead."""
-        grad = cls.grad.__func__
-        fn = cls.grad_fn if grad is MLPTie.grad.__func__ else grad
-        try:
-            return "w_out" in inspect.signature(fn).parameters
-        except (TypeError, ValueError):
-            return False
+        written for the earlier signature gets the preconditioner applied to each gradient instead.
+        Read once per class (a sub-block asks at every call)."""
+        return _takes_w_out(cls)
 
     @classmethod
     def grad(cls, g: torch.Tensor, h_hat: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
@@ -373,6 +370,17 @@ class MLPTie:
     def energy(cls, g: torch.Tensor, h_hat: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
         """Per-token ``ε_mlp`` (B, N)."""
         return cls.energy_fn(g, h_hat, w_gate, w_up)
+
+
+@functools.cache
+def _takes_w_out(tie: type[MLPTie]) -> bool:
+    """:meth:`MLPTie.folds_step_map` of ``tie``, cached per class (``inspect.signature`` is not free)."""
+    grad = tie.grad.__func__
+    fn = tie.grad_fn if grad is MLPTie.grad.__func__ else grad
+    try:
+        return "w_out" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 @MLP_TIES.register("gate")
