@@ -38,12 +38,17 @@ def _rope(theta: float) -> dict[str, Any]:
 def llama_blockers(config: Any) -> list[str]:
     """Why a model config cannot be written as a stock Llama (empty: it can): its arch's
     :class:`~energyformer.models.registry.ArchSpec` has another ``hf_family``, or a CEM config
-    that is not a Llama (T ≠ 1, another interaction, ...)."""
+    that is not a Llama (T ≠ 1, another interaction, ...), or a plugin's config that declares the
+    family without being a :class:`energyformer.models.llama.LlamaConfig` (the export reads that
+    class's fields and its model's parameter names)."""
     if get_spec(config.arch).hf_family != "llama":
         families = " and ".join(a for a, s in ARCH_SPECS.items() if s.hf_family == "llama")
         return [f"arch={config.arch!r} (only {families} export as a Llama)"]
     if not isinstance(config, CEMConfig):
-        return []
+        if isinstance(config, OurLlamaConfig):
+            return []
+        return [f"arch={config.arch!r} declares hf_family='llama' but its config "
+                f"{type(config).__name__} is not a subclass of energyformer.models.llama.LlamaConfig"]
     c: CEMConfig = config
     want = {"attn_n_steps": 1, "mlp_n_steps": 1, "rope": "llama", "interaction": "lowrank",
             "preconditioner": None, "grad_through_norm": False}
@@ -100,13 +105,18 @@ def to_gpt2(model: CausalLM) -> tuple[GPT2Config, dict[str, torch.Tensor]]:
     """``(transformers.GPT2Config, state dict of GPT2LMHeadModel)`` equal to our GPT ``model``.
 
     Raises:
-        ValueError: not arch ``gpt``, or an LM-head bias that is not zero (GPT-2's head has none;
+        ValueError: not arch ``gpt`` (or a plugin arch of family ``gpt2`` whose config is a
+            :class:`~energyformer.models.gpt.GPTConfig`), or an LM-head bias that is not zero (GPT-2's head has none;
             train with ``tie_embeddings: true`` or ``bias: false`` to export).
     """
     c: GPTConfig = model.config
     if get_spec(c.arch).hf_family != "gpt2":
         families = " or ".join(repr(a) for a, s in ARCH_SPECS.items() if s.hf_family == "gpt2")
         raise ValueError(f"arch={c.arch!r} cannot be exported as GPT-2; only arch {families} can")
+    if not isinstance(c, GPTConfig):
+        raise ValueError(f"arch={c.arch!r} declares hf_family='gpt2' but its config {type(c).__name__} is not a "
+                         "subclass of energyformer.models.gpt.GPTConfig (the export reads its fields and its "
+                         "model's parameter names)")
     head_bias = getattr(model.lm_head, "bias", None)
     ln_f_bias = model.ln_f.bias.detach() if model.ln_f.bias is not None else torch.zeros(c.d_model)
     if head_bias is not None and bool(head_bias.detach().abs().max() > 0):
