@@ -6,6 +6,7 @@ still load to the same model."""
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from pathlib import Path
 
 import pytest
@@ -108,13 +109,22 @@ def test_old_configs_with_null_load_to_the_same_model(arch, tmp_path):
     assert read_run_config(tmp_path).model == cfg
 
 
-@pytest.mark.parametrize("name", ["llama_shakespeare_char", "cem_shakespeare_char"])
-def test_zoo_runs_saved_with_null_still_load(name):
-    """The zoo's runs were saved before derived values were concrete (``head_dim: null``): they load,
-    weights and all, into a config holding the concrete values."""
-    run = ZOO / name
-    saved = yaml.safe_load((run / "config.yaml").read_text())["model"]
-    assert saved["head_dim"] is None
+#: the derived model fields that runs saved before derived values were concrete hold as ``null``
+OLD_NULLS = {"llama_shakespeare_char": ("head_dim", "n_kv_heads"),
+             "cem_shakespeare_char": ("head_dim", "attn_n_steps", "mlp_n_steps")}
+
+
+@pytest.mark.parametrize("name", sorted(OLD_NULLS))
+def test_runs_saved_with_null_derived_values_still_load(name, tmp_path):
+    """Runs saved before derived values were concrete (``head_dim: null``, as the zoo's first entries
+    were): a zoo run rewritten in that form loads, weights and all, into a config holding the
+    concrete values."""
+    run = tmp_path / name
+    shutil.copytree(ZOO / name, run)
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["model"].update(dict.fromkeys(OLD_NULLS[name]))
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    saved = cfg["model"]
     model, run_cfg, _ = load_run(run)
     assert run_cfg.model.head_dim == saved["d_model"] // saved["n_heads"]
     assert model.config == run_cfg.model
