@@ -44,9 +44,9 @@ def llama_blockers(config: Any) -> list[str]:
     if get_spec(config.arch).hf_family != "llama":
         families = " and ".join(a for a, s in ARCH_SPECS.items() if s.hf_family == "llama")
         return [f"arch={config.arch!r} (only {families} export as a Llama)"]
+    if isinstance(config, OurLlamaConfig):
+        return []
     if not isinstance(config, CEMConfig):
-        if isinstance(config, OurLlamaConfig):
-            return []
         return [f"arch={config.arch!r} declares hf_family='llama' but its config "
                 f"{type(config).__name__} is not a subclass of energyformer.models.llama.LlamaConfig"]
     c: CEMConfig = config
