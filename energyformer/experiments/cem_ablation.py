@@ -116,8 +116,8 @@ def _flops_per_token(cfg: dict[str, Any]) -> float:
 
 
 def run(ctx: ex.Context) -> dict[str, Any]:
-    """LR checks, then every run (base width first, then the other widths, then the checks of the
-    verdict), then the tables of the fixed evaluation."""
+    """LR checks, then every run (base width first, then one seed of each other width, the checks of
+    the verdict, the other widths' further seeds), then the tables of the fixed evaluation."""
     checks = {label: lr_check(ctx, label) for label in VARIANTS}
     ex.need_runs(ctx)
     lr = {label: c["best_lr"] for label, c in checks.items()}
@@ -134,15 +134,24 @@ def run(ctx: ex.Context) -> dict[str, Any]:
     for label, (_, _, n_seeds, _) in VARIANTS.items():
         for seed in ctx.seed_list(n_seeds):
             add(label, None, seed)
-    for w in widths(ctx):
-        if w != base_width(ctx):
+    other_widths = [w for w in widths(ctx) if w != base_width(ctx)]
+
+    def width_runs(first_seed: bool) -> None:
+        for w in other_widths:
             for label in WIDTH_FAMILIES:
-                for seed in ctx.seed_list(VARIANTS[label][2]):
+                seeds = ctx.seed_list(VARIANTS[label][2])
+                for seed in seeds[:1] if first_seed else seeds[1:]:
                     add(label, w, seed)
+
+    # most informative first (the order the --jobs pool trains in): one seed of every width (the
+    # matched curves), then the verdict's checks, then the sweep's further seeds, which a budget cut
+    # drops first
+    width_runs(first_seed=True)
     for label in COOLDOWN_PAIR:
         add(label, None, 1, cooldown=COOLDOWN_CHECK, tag=f"cooldown{int(COOLDOWN_CHECK * 100)}")
     for label in DOUBLE:
         add(label, None, 1, steps=2 * STEPS, tag="2x")
+    width_runs(first_seed=False)
     for p in plan:
         p["summary"] = ex.train_or_resume(ctx, p["name"], p["cfg"])
     ex.need_runs(ctx)

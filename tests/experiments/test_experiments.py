@@ -361,3 +361,27 @@ def test_inference_compute_evaluation_is_cached_per_entry_and_weights(tmp_path, 
     (run / WEIGHTS_FILE).write_bytes(b"weights 2")  # same size, other bytes: the sha256 tells
     ic.evaluation(ctx, label, depth, run)
     assert len(calls["eval"]) == 2 * (n_k + n_exits) + 2 and calls["corr"] == 2
+
+
+def test_cem_ablation_queues_its_runs_most_informative_first(tmp_path, monkeypatch):
+    """The ``--jobs`` pool trains in queue order, so a budget cut drops what comes last: one seed of
+    every width (the matched curves) and the verdict's checks (cooldown pair, 2× budget) come
+    before the width sweep's further seeds."""
+    from energyformer.experiments import cem_ablation as ca
+
+    ctx = Context("cem_ablation", quick=True, seeds=2, work_dir=tmp_path, verbose=False)
+    ctx.deferred = True
+    monkeypatch.setattr(ca, "lr_check", lambda ctx, label: {"best_lr": 1e-3})
+    with pytest.raises(common.PendingRuns):
+        ca.run(ctx)
+    import re
+
+    order = list(ctx.pending)
+    width = [bool(re.search(r"_d\d+_", n)) for n in order]
+    checks = [i for i, n in enumerate(order) if "cooldown" in n or "2x" in n]
+    base = [i for i, n in enumerate(order) if not width[i] and i not in checks]
+    first = [i for i, n in enumerate(order) if width[i] and n.endswith("_s1")]
+    more = [i for i, n in enumerate(order) if width[i] and not n.endswith("_s1")]
+    assert base and first and checks and more, order
+    assert max(base) < min(first) and max(first) < min(checks) and max(checks) < min(more), order
+    assert len(first) == len(more) == len(ca.WIDTH_FAMILIES) * (len(ca.widths(ctx)) - 1)
