@@ -385,3 +385,33 @@ def test_cem_ablation_queues_its_runs_most_informative_first(tmp_path, monkeypat
     assert base and first and checks and more, order
     assert max(base) < min(first) and max(first) < min(checks) and max(checks) < min(more), order
     assert len(first) == len(more) == len(ca.WIDTH_FAMILIES) * (len(ca.widths(ctx)) - 1)
+
+
+def test_cem_ablation_matched_gap_reads_the_reference_curve_per_seed():
+    """The equal-parameter gap is the model's loss minus the reference family's curve (same seed,
+    linear in log size) at the model's size; outside the reference's widths there is no reading;
+    the table prices T=2 and the full CEM against Llama as well as against T=1."""
+    import math
+
+    from energyformer.experiments import cem_ablation as ca
+
+    def run(label, width, seed, params, loss, flops=None):
+        return {"label": label, "width": width, "seed": seed, "params": params, "val_loss": loss,
+                "train_flops": flops or params * 10.0}
+
+    main = []
+    for seed, shift in ((1, 0.0), (2, 0.01)):
+        main += [run("llama", 64, seed, 100_000, 1.6 + shift), run("llama", 128, seed, 400_000, 1.4 + shift),
+                 run("cem tied T=1", 64, seed, 50_000, 1.7 + shift), run("cem tied T=1", 128, seed, 200_000, 1.5),
+                 run("cem full (T=2+D+LR+P)", 128, seed, 200_000, 1.45 + 2 * shift, flops=4_000_000.0)]
+    # Llama's curve at 200k params: halfway in log size between 100k and 400k
+    gap = ca.matched_gap(main, "cem tied T=1", "llama", 128, "params")
+    want = {1: 1.5 - 1.5, 2: 1.5 - 1.51}
+    assert gap["n"] == 2 and math.isclose(gap["mean"], sum(want.values()) / 2, abs_tol=1e-12)
+    # 50k params lies below Llama's smallest width: no reading, not an extrapolation
+    assert ca.matched_gap(main, "cem tied T=1", "llama", 64, "params")["mean"] is None
+    # equal FLOPs reads the curve at the model's FLOPs (4e6 = Llama d 128's exactly)
+    full = ca.matched_gap(main, "cem full (T=2+D+LR+P)", "llama", 128, "train_flops")
+    assert math.isclose(full["mean"], ((1.45 - 1.4) + (1.47 - 1.41)) / 2, abs_tol=1e-12)
+    table = ca._matched_table(main, 128)
+    assert "cem full (T=2+D+LR+P) − llama" in table and "cem full (T=2+D+LR+P) − cem tied T=1" in table
