@@ -650,7 +650,7 @@ def import_hf(hf_dir: str, out: str | None = None, verbose: bool = False, force:
 
 def experiment(name: str, seeds: int | None = None, quick: bool = False, results_dir: str = "results",
                work_dir: str = "out/experiments", data_root: str = "data", profile: str = "cpu",
-               rescore: bool = False, jobs: int = 1, threads: int | None = None) -> str:
+               rescore: bool = False, jobs: int = 1, threads: int | None = None, interim: bool = False) -> str:
     """Run one of the papers' experiments and print its table (results/NAME/{table.md, results.json, *.png}).
 
     Experiments: cem_ablation, gp_recursion, listops_transition, shakespeare_scaling,
@@ -673,19 +673,23 @@ def experiment(name: str, seeds: int | None = None, quick: bool = False, results
         threads: CPU threads of each training (default: the cores divided by jobs). Give 1 for each
             of several experiments run at once: two trainings with a thread per core each
             oversubscribe the cores (measured 2.3-3x slower each on 2 cores).
+        interim: train nothing; write the tables from the runs recorded so far into
+            results_dir/NAME/interim/, naming the runs not yet recorded (cem_ablation, whose queue
+            takes days; its LR checks must be recorded).
 
     Returns:
         the Markdown table.
 
     Raises:
-        ValueError: an unknown experiment, seeds < 1, jobs < 1 or threads < 1.
+        ValueError: an unknown experiment, seeds < 1, jobs < 1 or threads < 1; interim for another
+            experiment or before the LR checks are recorded.
         FileNotFoundError: the experiment's dataset is not prepared.
     """
     from energyformer.experiments import run_experiment
 
     return run_experiment(name, seeds=seeds, quick=quick, results_dir=results_dir, work_dir=work_dir,
                           data_root=data_root, profile=profile, rescore=rescore, jobs=jobs,
-                          threads=threads)["table"]
+                          threads=threads, interim=interim)["table"]
 
 
 def inspect_energy(run_dir: str, prompt: str = "\n", out: str | None = None, n_steps: int | None = None,

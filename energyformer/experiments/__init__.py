@@ -20,19 +20,24 @@ EXPERIMENTS = ("cem_ablation", "gp_recursion", "listops_transition", "shakespear
 
 
 PROFILES = ("cpu", "paper")
+#: experiments that can write an interim table from the runs recorded so far (``--interim``): those
+#: whose tables stand on any subset of their runs
+INTERIM_EXPERIMENTS = ("cem_ablation",)
 
 
 def run_experiment(name: str, seeds: int | None = None, quick: bool = False, results_dir: str | Path = "results",
                    work_dir: str | Path = "out/experiments", data_root: str | Path = "data",
                    verbose: bool = True, profile: str = "cpu", rescore: bool = False, jobs: int = 1,
-                   threads: int | None = None) -> dict[str, Any]:
+                   threads: int | None = None, interim: bool = False) -> dict[str, Any]:
     """Run the experiment ``name`` (see :mod:`energyformer.experiments.common` for the options).
 
     Returns:
         its results (also in ``results_dir/NAME/results.json``), with the Markdown ``"table"``.
 
     Raises:
-        ValueError: unknown ``name`` or ``profile``, ``seeds < 1``, ``jobs < 1``, ``threads < 1``.
+        ValueError: unknown ``name`` or ``profile``, ``seeds < 1``, ``jobs < 1``, ``threads < 1``;
+            ``interim`` for an experiment outside :data:`INTERIM_EXPERIMENTS` or with the paper
+            profile, or before the experiment's LR checks are recorded.
         FileNotFoundError: (full runs) the experiment's dataset is not prepared.
     """
     from energyformer.experiments.common import Context
@@ -49,9 +54,12 @@ def run_experiment(name: str, seeds: int | None = None, quick: bool = False, res
     check_int("jobs", jobs, 1)
     if threads is not None:
         check_int("threads", threads, 1)
+    if interim and (name not in INTERIM_EXPERIMENTS or profile != "cpu"):
+        raise ValueError(f"--interim is available for {', '.join(INTERIM_EXPERIMENTS)} (cpu profile), not "
+                         f"{name!r} with profile {profile!r}: the other tables need all of their runs")
     ctx = Context(name=name, seeds=seeds, quick=quick, results_dir=Path(results_dir), work_dir=Path(work_dir),
                   data_root=Path(data_root), verbose=verbose, profile=profile, rescore=rescore, jobs=jobs,
-                  threads=threads)
+                  threads=threads, interim=interim)
     if profile == "paper":
         from energyformer.experiments.profiles import run_profile
 
@@ -63,7 +71,7 @@ def run_experiment(name: str, seeds: int | None = None, quick: bool = False, res
         from energyformer.experiments.common import rescore_records
 
         rescore_records(ctx)
-    if jobs > 1:
+    if jobs > 1 and not interim:  # interim trains nothing
         from energyformer.experiments.parallel import run_parallel
 
         return run_parallel(module, ctx)

@@ -99,6 +99,9 @@ class Context:
             torch's default, every core).
         deferred: set by the ``jobs`` driver: runs not yet trained are queued in ``pending``
             instead of trained, and :func:`need_runs` stops the experiment where it needs them.
+        interim: train nothing; write the tables from the runs recorded so far into
+            ``NAME/interim/`` (a run not yet recorded is listed in ``missing``), for an experiment
+            whose queue takes days (those of ``INTERIM_EXPERIMENTS`` in :mod:`energyformer.experiments`).
     """
 
     name: str
@@ -110,10 +113,12 @@ class Context:
     verbose: bool = True
     profile: str = "cpu"
     rescore: bool = False
+    interim: bool = False
     jobs: int = 1
     threads: int | None = None
     deferred: bool = False
     pending: dict[str, dict[str, Any]] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
     rescored: set[str] = field(default_factory=set)
     waiting_for_sweep: bool = False
     said: set[str] = field(default_factory=set)
@@ -126,6 +131,11 @@ class Context:
     def out(self) -> Path:
         """``results_dir/NAME`` (``NAME-paper`` for the paper profile)."""
         return Path(self.results_dir) / (self.name + ("" if self.profile == "cpu" else f"-{self.profile}"))
+
+    @property
+    def report_dir(self) -> Path:
+        """Where the table, ``results.json`` and the plots go: :attr:`out`, or ``out/interim`` with ``interim``."""
+        return self.out / "interim" if self.interim else self.out
 
     @property
     def records(self) -> Path:
@@ -312,7 +322,8 @@ def train_or_resume(ctx: Context, run: str, cfg: Mapping[str, Any], require_weig
         the run's summary plus ``"final_eval"`` (the fixed evaluation; absent for a record without
         weights) and ``"seed"``; ``{"diverged": True, "message": …}`` for a run whose loss became
         NaN/Inf (recorded too, so it is not retried); in deferred mode (``ctx.deferred``) a run not
-        yet trained is queued in ``ctx.pending`` and ``{"pending": True}`` is returned.
+        yet trained is queued in ``ctx.pending`` and ``{"pending": True}`` is returned; with
+        ``ctx.interim`` it is named in ``ctx.missing`` and ``{"missing": True}`` is returned.
     """
     rec, out = ctx.records / run, ctx.runs / run
     cfg = {**cfg, "train": {**cfg.get("train", {}), "out_dir": str(out)}}
@@ -323,6 +334,10 @@ def train_or_resume(ctx: Context, run: str, cfg: Mapping[str, Any], require_weig
                 _save_record(ctx, run)
             ctx.say_once(f"  {run}: finished earlier, reusing {where}")
             return _outcome(ctx, run)
+    if ctx.interim:  # the tables of what is recorded; the run is named as missing, never trained
+        if run not in ctx.missing:
+            ctx.missing.append(run)
+        return {"missing": True}
     if ctx.deferred:
         if not ctx.waiting_for_sweep:  # a run configured from a sweep still training is queued next round
             ctx.pending[run] = cfg

@@ -45,19 +45,25 @@ def command_line(ctx: Context) -> str:
     seeds = "" if ctx.seeds is None else f" --seeds {ctx.seeds}"
     profile = "" if ctx.profile == "cpu" else f" --profile {ctx.profile}"
     quick = " --quick" if ctx.quick else ""
-    return f"energyformer experiment {ctx.name}{quick}{seeds}{profile}"
+    interim = " --interim" if ctx.interim else ""
+    return f"energyformer experiment {ctx.name}{quick}{seeds}{profile}{interim}"
 
 
 def write_results(ctx: Context, table: str, results: dict[str, Any], header: str = "",
                   footer: str = "") -> dict[str, Any]:
     """Write ``table.md`` (``header``, the reproducing command, the table, ``footer``) and
-    ``results.json`` into ``ctx.out`` (the run records are written as the runs finish)."""
-    ctx.out.mkdir(parents=True, exist_ok=True)
+    ``results.json`` into ``ctx.report_dir`` (``NAME/``, or ``NAME/interim/`` for an interim table,
+    whose header then names the runs not yet recorded); the run records are written as the runs finish."""
+    out = ctx.report_dir
+    out.mkdir(parents=True, exist_ok=True)
+    if ctx.interim:
+        header = (f"**Interim**: the tables of the runs recorded so far; {len(ctx.missing)} run(s) not yet "
+                  f"recorded: {', '.join(ctx.missing) or 'none'}. " + header)
     parts = [header.strip(), f"Reproduce: `{command_line(ctx)}`", table, footer.strip()]
-    atomic_write_text(ctx.out / "table.md", "\n\n".join(p for p in parts if p) + "\n")
+    atomic_write_text(out / "table.md", "\n\n".join(p for p in parts if p) + "\n")
     payload = {"experiment": ctx.name, "seeds": ctx.seeds, "quick": ctx.quick, "command": command_line(ctx),
-               **results}
-    atomic_write_json(ctx.out / "results.json", payload)
+               **({"interim": True, "missing": list(ctx.missing)} if ctx.interim else {}), **results}
+    atomic_write_json(out / "results.json", payload)
     return {**payload, "table": table}
 
 
@@ -87,11 +93,11 @@ def finish_axes(ax, xlabel: str, ylabel: str | None = None, logx: bool = False) 
 
 
 def save_figure(ctx: Context, fig, file_name: str) -> Path:
-    """Save ``fig`` as ``ctx.out/file_name`` (tight layout, 110 dpi) and close it."""
+    """Save ``fig`` as ``ctx.report_dir/file_name`` (tight layout, 110 dpi) and close it."""
     plt = pyplot()
-    ctx.out.mkdir(parents=True, exist_ok=True)
+    ctx.report_dir.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    path = ctx.out / file_name
+    path = ctx.report_dir / file_name
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -415,3 +415,35 @@ def test_cem_ablation_matched_gap_reads_the_reference_curve_per_seed():
     assert math.isclose(full["mean"], ((1.45 - 1.4) + (1.47 - 1.41)) / 2, abs_tol=1e-12)
     table = ca._matched_table(main, 128)
     assert "cem full (T=2+D+LR+P) − llama" in table and "cem full (T=2+D+LR+P) − cem tied T=1" in table
+
+
+def test_cem_ablation_interim_tables_train_nothing_and_name_the_missing_runs(tmp_path, capsys):
+    """``--interim`` writes the tables of the runs recorded so far into NAME/interim/, names the runs
+    not yet recorded and trains nothing; the other experiments and a missing LR check refuse it."""
+    work = tmp_path / "work"
+    args = ["experiment", "cem_ablation", "--quick", "--seeds", "1", "--work-dir", str(work)]
+    assert main(args) == 0
+    out = work / "quick-results" / "cem_ablation"
+    full = (out / "table.md").read_text()
+    gone = "cem_diag_shared_d8_s1"
+    assert f"{gone}" in json.dumps(json.loads((out / "results.json").read_text()))
+    shutil.rmtree(out / "runs" / gone)
+    shutil.rmtree(work / "cem_ablation-quick" / gone)
+    capsys.readouterr()
+    assert main(args + ["--interim"]) == 0
+    assert not (out / "runs" / gone).exists() and not (work / "cem_ablation-quick" / gone).exists(), \
+        "--interim trained a missing run"
+    interim = (out / "interim" / "table.md").read_text()
+    assert interim.startswith("**Interim**") and f"1 run(s) not yet recorded: {gone}" in interim
+    assert "--interim" in interim and (out / "interim" / "loss_vs_size.png").is_file()
+    assert (out / "table.md").read_text() == full, "the interim table never replaces the experiment's table"
+    res = json.loads((out / "interim" / "results.json").read_text())
+    assert res["interim"] is True and res["missing"] == [gone]
+    assert gone not in {r["name"] for r in res["runs"]}
+    # a missing LR check: the arms' LRs are unknown, so no table
+    shutil.rmtree(out / "runs" / "sweep_llama_lr0.001")
+    shutil.rmtree(work / "cem_ablation-quick" / "sweep_llama_lr0.001", ignore_errors=True)
+    with pytest.raises(ValueError, match="sweep_llama_lr0.001 is not recorded"):
+        run_experiment("cem_ablation", seeds=1, quick=True, work_dir=work, verbose=False, interim=True)
+    with pytest.raises(ValueError, match="--interim is available for cem_ablation"):
+        run_experiment("gp_recursion", quick=True, work_dir=work, interim=True)
