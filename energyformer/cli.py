@@ -8,7 +8,7 @@
         [--top_p P] [--min_p P] [--repetition_penalty R] [--stop TEXT] [--interactive] [--use_cache false]
     energyformer info RECIPE.yaml|RUN_DIR [--section.key value ...]
     energyformer compare RUN_DIR [RUN_DIR ...] [--out TABLE.md|TABLE.json] [--plot CURVES.png] [--x tokens|steps]
-    energyformer experiment NAME [--seeds K] [--quick] [--profile paper]  # results/NAME/{table.md, ...}
+    energyformer experiment NAME [--seeds K] [--quick] [--profile paper] [--jobs N] [--interim]  # results/NAME/
     energyformer inspect RUN_DIR --prompt TEXT --out DIR    # energy per layer/step/term/token: JSON + PNG
     energyformer export RUN_DIR [--to DIR] [--as energyformer|llama|gpt2] [--force] [--verbose]  # a transformers folder
     energyformer import-hf HF_DIR [--out RUN_DIR] [--force] [--verbose]      # stock Llama / GPT-2 → a run

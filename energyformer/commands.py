@@ -674,15 +674,16 @@ def experiment(name: str, seeds: int | None = None, quick: bool = False, results
             of several experiments run at once: two trainings with a thread per core each
             oversubscribe the cores (measured 2.3-3x slower each on 2 cores).
         interim: train nothing; write the tables from the runs recorded so far into
-            results_dir/NAME/interim/, naming the runs not yet recorded (cem_ablation, whose queue
-            takes days; its LR checks must be recorded).
+            results_dir/NAME/interim/, naming the runs not in them and why (cem_ablation, whose
+            queue takes days; its LR checks must be recorded). A finished run found in work_dir is
+            recorded first, as a normal call records it.
 
     Returns:
         the Markdown table.
 
     Raises:
         ValueError: an unknown experiment, seeds < 1, jobs < 1 or threads < 1; interim for another
-            experiment or before the LR checks are recorded.
+            experiment, with the paper profile, or before the LR checks are recorded.
         FileNotFoundError: the experiment's dataset is not prepared.
     """
     from energyformer.experiments import run_experiment

@@ -192,6 +192,9 @@ def _report(ctx: ex.Context, plan: list[dict[str, Any]], checks: dict[str, Any])
               "cooldown). Val loss: the fixed evaluation (the whole validation split, nats/char, from the kept "
               "weights), mean ± sample std over seeds. Δ: the paired difference (seed s: the same batches for every "
               "arm) with its 95% t-interval. " + conv.CONVERGED_NOTE)
+    diverged = [r["name"] for r in runs if r["diverged"]]
+    if diverged:
+        header += f" Diverged (loss NaN/Inf; in no table): {', '.join(diverged)}."
     sweeps = list(checks.values())
     return report.write_results(ctx, table, {"runs": runs, "floors": floors, "lr_checks": sweeps},
                             header, "LR checks (1,000 steps, seed 1; in-training estimate on the same 10 validation "

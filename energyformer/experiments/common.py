@@ -100,8 +100,10 @@ class Context:
         deferred: set by the ``jobs`` driver: runs not yet trained are queued in ``pending``
             instead of trained, and :func:`need_runs` stops the experiment where it needs them.
         interim: train nothing; write the tables from the runs recorded so far into
-            ``NAME/interim/`` (a run not yet recorded is listed in ``missing``), for an experiment
-            whose queue takes days (those of ``INTERIM_EXPERIMENTS`` in :mod:`energyformer.experiments`).
+            ``NAME/interim/`` (a run without a usable record is named in ``missing`` with the
+            reason), for an experiment whose queue takes days (those of ``INTERIM_EXPERIMENTS`` in
+            :mod:`energyformer.experiments`). A finished run found in the work directory is recorded,
+            as a normal call records it.
     """
 
     name: str
@@ -118,7 +120,7 @@ class Context:
     threads: int | None = None
     deferred: bool = False
     pending: dict[str, dict[str, Any]] = field(default_factory=dict)
-    missing: list[str] = field(default_factory=list)
+    missing: dict[str, str] = field(default_factory=dict)
     rescored: set[str] = field(default_factory=set)
     waiting_for_sweep: bool = False
     said: set[str] = field(default_factory=set)
@@ -335,15 +337,40 @@ def train_or_resume(ctx: Context, run: str, cfg: Mapping[str, Any], require_weig
             ctx.say_once(f"  {run}: finished earlier, reusing {where}")
             return _outcome(ctx, run)
     if ctx.interim:  # the tables of what is recorded; the run is named as missing, never trained
-        if run not in ctx.missing:
-            ctx.missing.append(run)
-        return {"missing": True}
+        ctx.missing.setdefault(run, _why_unusable(rec, cfg, require_weights))
+        return {"missing": True, "why": ctx.missing[run]}
     if ctx.deferred:
         if not ctx.waiting_for_sweep:  # a run configured from a sweep still training is queued next round
             ctx.pending[run] = cfg
         return {"pending": True}
     train_now(ctx, run, cfg)
     return _outcome(ctx, run)
+
+
+def _why_unusable(rec: Path, cfg: Mapping[str, Any], require_weights: bool) -> str:
+    """Why the record ``rec`` cannot stand for ``cfg`` (``--interim``'s list of missing runs): not
+    recorded, recorded with another config (the keys that differ, compared as :func:`same_config`
+    compares them), without its weights, or not finished."""
+    if not (rec / CONFIG_FILE).is_file():
+        return "not recorded"
+    try:
+        saved_cfg = read_run_config(rec)
+    except (ValueError, FileNotFoundError) as e:
+        return f"recorded with an unreadable {CONFIG_FILE} ({e})"
+    want_cfg = load_config(dict(cfg), resolve_vocab=True)
+    saved, want = saved_cfg.to_dict(), want_cfg.to_dict()
+    arch = want["model"]["arch"]
+    old_train, new_train = _comparable(saved["train"], arch), _comparable(want["train"], arch)
+    differ = [f"model.{k}" for k in sorted(set(saved["model"]) | set(want["model"]))
+              if saved["model"].get(k) != want["model"].get(k)]
+    differ += [f"train.{k}" for k in sorted(set(old_train) | set(new_train)) if old_train.get(k) != new_train.get(k)]
+    if Path(saved_cfg.data.path) != Path(want_cfg.data.path):
+        differ.append(f"data.path {str(saved_cfg.data.path)!r} != {str(want_cfg.data.path)!r}")
+    if differ:
+        return f"recorded with another config ({'; '.join(differ[:4])})"
+    if require_weights and not (rec / WEIGHTS_FILE).is_file():
+        return f"recorded without its weights ({WEIGHTS_FILE})"
+    return "not finished"
 
 
 def train_now(ctx: Context, run: str, cfg: Mapping[str, Any]) -> None:

@@ -49,20 +49,44 @@ def command_line(ctx: Context) -> str:
     return f"energyformer experiment {ctx.name}{quick}{seeds}{profile}{interim}"
 
 
+def missing_text(ctx: Context) -> str:
+    """The runs an interim table lacks, grouped by reason: ``"12 run(s) not in the tables: 11 not
+    recorded (a, b, …); 1 recorded without its weights (c)"``."""
+    if not ctx.missing:
+        return "every run is recorded"
+    by: dict[str, list[str]] = {}
+    for run, why in ctx.missing.items():
+        by.setdefault(why, []).append(run)
+    return (f"{len(ctx.missing)} run(s) not in the tables: "
+            + "; ".join(f"{len(runs)} {why} ({', '.join(runs)})" for why, runs in by.items()))
+
+
+def interim_note(ctx: Context) -> str:
+    """The header line of an interim table."""
+    return ("**Interim**: the tables of the runs recorded so far, superseded by `table.md` one folder up "
+            "once every run is in; each row averages the seeds recorded (its n is given), so a width with "
+            f"fewer seeds than the others leans the curves; {missing_text(ctx)}.")
+
+
 def write_results(ctx: Context, table: str, results: dict[str, Any], header: str = "",
                   footer: str = "") -> dict[str, Any]:
     """Write ``table.md`` (``header``, the reproducing command, the table, ``footer``) and
     ``results.json`` into ``ctx.report_dir`` (``NAME/``, or ``NAME/interim/`` for an interim table,
-    whose header then names the runs not yet recorded); the run records are written as the runs finish."""
+    whose header then names the runs not in it and why); the run records are written as the runs
+    finish. The full table removes an earlier ``NAME/interim/``, which it supersedes."""
     out = ctx.report_dir
     out.mkdir(parents=True, exist_ok=True)
     if ctx.interim:
-        header = (f"**Interim**: the tables of the runs recorded so far; {len(ctx.missing)} run(s) not yet "
-                  f"recorded: {', '.join(ctx.missing) or 'none'}. " + header)
+        header = interim_note(ctx) + " " + header
+        ctx.say(f"interim tables in {out}: {missing_text(ctx)}")
+    elif (ctx.out / "interim").is_dir():  # the full table supersedes the interim one
+        import shutil
+
+        shutil.rmtree(ctx.out / "interim")
     parts = [header.strip(), f"Reproduce: `{command_line(ctx)}`", table, footer.strip()]
     atomic_write_text(out / "table.md", "\n\n".join(p for p in parts if p) + "\n")
     payload = {"experiment": ctx.name, "seeds": ctx.seeds, "quick": ctx.quick, "command": command_line(ctx),
-               **({"interim": True, "missing": list(ctx.missing)} if ctx.interim else {}), **results}
+               **({"interim": True, "missing": dict(ctx.missing)} if ctx.interim else {}), **results}
     atomic_write_json(out / "results.json", payload)
     return {**payload, "table": table}
 

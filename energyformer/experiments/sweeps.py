@@ -40,8 +40,9 @@ def lr_sweep(ctx: Context, family: str, make_cfg: Callable[[float, int], dict[st
             finally:
                 ctx.waiting_for_sweep = waiting
             if s.get("missing"):  # --interim: an arm's LR is unknown until its check is recorded
-                raise ValueError(f"--interim: LR check run sweep_{family}_lr{lr:g} is not recorded in "
-                                 f"{ctx.records}; train the experiment until its LR checks are in")
+                raise ValueError(f"--interim: LR check run sweep_{family}_lr{lr:g} in {ctx.records} is "
+                                 f"{s['why']}; the tables need every arm's LR check recorded with the "
+                                 "experiment's config (train the experiment until its LR checks are in)")
             if s.get("pending"):
                 tried[lr] = math.nan
                 return math.nan

@@ -433,17 +433,32 @@ def test_cem_ablation_interim_tables_train_nothing_and_name_the_missing_runs(tmp
     assert main(args + ["--interim"]) == 0
     assert not (out / "runs" / gone).exists() and not (work / "cem_ablation-quick" / gone).exists(), \
         "--interim trained a missing run"
+    said = capsys.readouterr().out
+    assert f"interim tables in {out / 'interim'}: 1 run(s) not in the tables: 1 not recorded ({gone})" in said
     interim = (out / "interim" / "table.md").read_text()
-    assert interim.startswith("**Interim**") and f"1 run(s) not yet recorded: {gone}" in interim
+    assert interim.startswith("**Interim**") and f"1 not recorded ({gone})" in interim
     assert "--interim" in interim and (out / "interim" / "loss_vs_size.png").is_file()
     assert (out / "table.md").read_text() == full, "the interim table never replaces the experiment's table"
     res = json.loads((out / "interim" / "results.json").read_text())
-    assert res["interim"] is True and res["missing"] == [gone]
+    assert res["interim"] is True and res["missing"] == {gone: "not recorded"}
     assert gone not in {r["name"] for r in res["runs"]}
+    # a record that cannot stand for its run says why: without weights, or with another config
+    (out / "runs" / "llama_d8_s1" / "model.safetensors").unlink()
+    shutil.rmtree(work / "cem_ablation-quick" / "llama_d8_s1")
+    missing = run_experiment("cem_ablation", seeds=1, quick=True, work_dir=work, verbose=False,
+                             interim=True)["missing"]
+    assert missing == {gone: "not recorded", "llama_d8_s1": "recorded without its weights (model.safetensors)"}
     # a missing LR check: the arms' LRs are unknown, so no table
-    shutil.rmtree(out / "runs" / "sweep_llama_lr0.001")
+    cfg = out / "runs" / "sweep_llama_lr0.001" / "config.yaml"
+    cfg.write_text(cfg.read_text().replace("seed: 1", "seed: 7"))
     shutil.rmtree(work / "cem_ablation-quick" / "sweep_llama_lr0.001", ignore_errors=True)
-    with pytest.raises(ValueError, match="sweep_llama_lr0.001 is not recorded"):
+    with pytest.raises(ValueError, match=r"sweep_llama_lr0.001 .* is recorded with another config \(train.seed\)"):
         run_experiment("cem_ablation", seeds=1, quick=True, work_dir=work, verbose=False, interim=True)
-    with pytest.raises(ValueError, match="--interim is available for cem_ablation"):
+    with pytest.raises(ValueError, match="--interim is available for cem_ablation, not 'gp_recursion'"):
         run_experiment("gp_recursion", quick=True, work_dir=work, interim=True)
+    with pytest.raises(ValueError, match="--interim works with the cpu profile, not 'paper'"):
+        run_experiment("cem_ablation", profile="paper", work_dir=work, interim=True)
+    # the full table supersedes the interim one
+    shutil.rmtree(out / "runs" / "sweep_llama_lr0.001")
+    assert main(args) == 0
+    assert not (out / "interim").exists() and (out / "table.md").is_file()
