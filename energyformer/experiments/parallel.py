@@ -118,7 +118,10 @@ def run_parallel(module: Any, ctx: Context) -> dict[str, Any]:
                     errors.append(e)
         except KeyboardInterrupt:
             _stop_workers()
-            pool.shutdown(wait=False, cancel_futures=True)
+            # wait for the pool's manager thread (it ends once it sees the workers gone): left running,
+            # it can close its wake-up pipe while the interpreter's exit hook writes to it, a
+            # "Bad file descriptor" traceback after the one line (seen once under a loaded CI)
+            pool.shutdown(wait=True, cancel_futures=True)
             raise  # the CLI prints the one line "interrupted"
         pool.shutdown(wait=True)
         if errors:
