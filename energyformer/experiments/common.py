@@ -239,14 +239,29 @@ def _same_run(run_dir: Path, cfg: Mapping[str, Any], *done_files: str) -> bool:
     if not (run_dir / CONFIG_FILE).is_file() or not any((run_dir / f).is_file() for f in done_files):
         return False
     try:
-        saved_cfg = read_run_config(run_dir)
+        return not config_differences(run_dir, cfg)
     except (ValueError, FileNotFoundError):
         return False
+
+
+def config_differences(run_dir: Path, cfg: Mapping[str, Any]) -> list[str]:
+    """Where ``run_dir``'s recorded config differs from ``cfg`` in what a run computes: the model keys,
+    the train options (run-time options aside, :func:`_comparable`) and the data path.
+
+    Raises:
+        ValueError / FileNotFoundError: an unreadable or missing ``config.yaml``.
+    """
+    saved_cfg = read_run_config(run_dir)
     want_cfg = load_config(dict(cfg), resolve_vocab=True)
     saved, want = saved_cfg.to_dict(), want_cfg.to_dict()
     arch = want["model"]["arch"]
-    return (saved["model"] == want["model"] and _comparable(saved["train"], arch) == _comparable(want["train"], arch)
-            and Path(saved_cfg.data.path) == Path(want_cfg.data.path))
+    old_train, new_train = _comparable(saved["train"], arch), _comparable(want["train"], arch)
+    differ = [f"model.{k}" for k in sorted(set(saved["model"]) | set(want["model"]))
+              if saved["model"].get(k) != want["model"].get(k)]
+    differ += [f"train.{k}" for k in sorted(set(old_train) | set(new_train)) if old_train.get(k) != new_train.get(k)]
+    if Path(saved_cfg.data.path) != Path(want_cfg.data.path):
+        differ.append(f"data.path {str(saved_cfg.data.path)!r} != {str(want_cfg.data.path)!r}")
+    return differ
 
 
 def same_config(run_dir: Path, cfg: Mapping[str, Any]) -> bool:
@@ -349,23 +364,14 @@ def train_or_resume(ctx: Context, run: str, cfg: Mapping[str, Any], require_weig
 
 def _why_unusable(rec: Path, cfg: Mapping[str, Any], require_weights: bool) -> str:
     """Why the record ``rec`` cannot stand for ``cfg`` (``--interim``'s list of missing runs): not
-    recorded, recorded with another config (the keys that differ, compared as :func:`same_config`
-    compares them), without its weights, or not finished."""
+    recorded, recorded with another config (:func:`config_differences`), without its weights, or not
+    finished."""
     if not (rec / CONFIG_FILE).is_file():
         return "not recorded"
     try:
-        saved_cfg = read_run_config(rec)
+        differ = config_differences(rec, cfg)
     except (ValueError, FileNotFoundError) as e:
         return f"recorded with an unreadable {CONFIG_FILE} ({e})"
-    want_cfg = load_config(dict(cfg), resolve_vocab=True)
-    saved, want = saved_cfg.to_dict(), want_cfg.to_dict()
-    arch = want["model"]["arch"]
-    old_train, new_train = _comparable(saved["train"], arch), _comparable(want["train"], arch)
-    differ = [f"model.{k}" for k in sorted(set(saved["model"]) | set(want["model"]))
-              if saved["model"].get(k) != want["model"].get(k)]
-    differ += [f"train.{k}" for k in sorted(set(old_train) | set(new_train)) if old_train.get(k) != new_train.get(k)]
-    if Path(saved_cfg.data.path) != Path(want_cfg.data.path):
-        differ.append(f"data.path {str(saved_cfg.data.path)!r} != {str(want_cfg.data.path)!r}")
     if differ:
         return f"recorded with another config ({'; '.join(differ[:4])})"
     if require_weights and not (rec / WEIGHTS_FILE).is_file():
