@@ -4,22 +4,27 @@ sizes, with a best validation loss comparable to GPT's), measured as the paper m
 *growth* of the val − train gap over epochs on a split where train and val come from the same
 distribution, beside the cross-play gap.
 
-Data: a 0.5 MB slice of Shakespeare-char (``prepare_dataset(slice_bytes=500_000)``, prepared on
-first use into ``DATA_ROOT/shakespeare_500k``; validation = its last 10%, other plays). Its
+Data: a 0.25 MB slice of Shakespeare-char (``prepare_dataset(slice_bytes=250_000)``, prepared on
+first use into ``DATA_ROOT/shakespeare_250k``; validation = its last 10%, other plays). Its
 training part is split again by speech (:mod:`energyformer.data.speeches`): every 10th speech is
-held out (``DATA_ROOT/shakespeare_500k_speeches``: ≈ 405k training and 45k validation characters
+held out (``DATA_ROOT/shakespeare_250k_speeches``: ≈ 198k training and 27k validation characters
 from the same plays). The models train on that speech split. Reported per run: the fixed
 evaluation on the same-play held-out speeches and on the other plays (whole splits, kept weights),
 and from the training curve (the same 10 batches of each split at every evaluation) the same-play
 val − train gap after the first epoch, at the end, and its growth.
 
 Runs: the recipes ``configs/shakespeare_char/{nrgpt, gpt, gpt_rec_parallel}.yaml`` at d_model ∈
-{64, 128, 256} (4 heads), dropout 0.1, 5,500 steps × 32 × 128 ≈ 55 epochs, constant LR with a 10%
-cooldown, 50 evaluations. The LR of each family is chosen at d_model 128 by a sweep over
-{3e-4, 1e-3, 3e-3} at 1,375 steps (seed 1). Two seeds per width (paired: the same batches).
+{32, 64, 128} (4 heads), dropout 0.1, 2,750 steps × 32 × 128 ≈ 57 epochs, constant LR with a 10%
+cooldown, 50 evaluations. The LR of each family is chosen at the middle width (d_model 64) by a
+sweep over {3e-4, 1e-3, 3e-3} at 690 steps (seed 1). Two seeds per width (paired: the same batches).
 
-Budget (idle 2-core CPU): 18 runs of 5,500 steps and 9 sweep runs of 1,375 steps ≈ 8–10 hours
-(``--jobs 2`` nearly halves it). ``--quick``: the docstring corpus, d_model 16, 20 steps.
+Budget: the training FLOPs per token (``models/flops.py``) of the three models sum to ≈ 1.8, 5.8
+and 20 MFLOP at d_model 32, 64 and 128 (at 256 they would be 75: d 256 alone would cost three times
+the rest), so the 18 runs of 11.3 M tokens and the 9 sweep runs cost ≈ 6 single-thread CPU-hours
+at the ≈ 3.5 × 10¹⁰ FLOP/s one core sustains on these models (``--jobs 2`` halves the wall time).
+Overfitting is a matter of parameters per training character, so halving the slice (0.5 → 0.25 MB)
+and the widths (64–256 → 32–128) keeps the design's range of that ratio at a fifth of its cost.
+``--quick``: the docstring corpus, d_model 16, 20 steps.
 """
 from __future__ import annotations
 
@@ -30,14 +35,14 @@ from energyformer.experiments import convergence as conv
 from energyformer.experiments import report
 from energyformer.experiments.sweeps import lr_sweep, sweep_table
 
-WIDTHS = (64, 128, 256)
+WIDTHS = (32, 64, 128)
 MODELS: dict[str, str] = {
     "NRGPT FF2W": "shakespeare_char/nrgpt.yaml",
     "GPT": "shakespeare_char/gpt.yaml",
     "GPT_Rec_parallel": "shakespeare_char/gpt_rec_parallel.yaml",
 }
-SLICE_BYTES = 500_000
-STEPS, SWEEP_STEPS, LRS, SWEEP_WIDTH = 5500, 1375, (3e-4, 1e-3, 3e-3), 128
+SLICE_BYTES = 250_000
+STEPS, SWEEP_STEPS, LRS, SWEEP_WIDTH = 2750, 690, (3e-4, 1e-3, 3e-3), 64
 DEFAULT_SEEDS = 2
 #: every HOLD_OUT-th speech of the slice's training part is the same-play validation split
 HOLD_OUT = 10
@@ -54,7 +59,7 @@ def data_sections(ctx: ex.Context) -> tuple[dict[str, Any], str]:
     else:
         from energyformer.data.prepare import prepare_dataset
 
-        root = ctx.data_root / "shakespeare_500k"
+        root = ctx.data_root / f"shakespeare_{SLICE_BYTES // 1000}k"
         source = str(prepare_dataset("shakespeare_char", out_root=root, slice_bytes=SLICE_BYTES, verbose=False))
     out = prepare_speech_split(source, f"{source}_speeches", every=HOLD_OUT)
     return {"dataset": out.name, "root": str(out.parent)}, source
@@ -81,7 +86,7 @@ def config(ctx: ex.Context, recipe: str, width: int, lr: float, steps: int, seed
 
 
 def run(ctx: ex.Context) -> dict[str, Any]:
-    """Sweep the LR per family at d 128, then every model × width × seed; tabulate the fixed
+    """Sweep the LR per family at the middle width, then every model × width × seed; tabulate the fixed
     evaluation on both validation splits and the growth of the same-play gap."""
     from energyformer.data import load_tokenizer
     from energyformer.data.meta import load_meta
@@ -137,7 +142,7 @@ def run(ctx: ex.Context) -> dict[str, Any]:
     floors = report.count_floors(data, ctx)
     table += "\n\n" + report.floors_table(floors, "val loss, same plays (nats/char)")
     _plots(ctx, results, groups, floors)
-    header = (f"Overfitting on a {SLICE_BYTES / 1e6:.1f} MB Shakespeare-char slice (dropout 0.1, ≈ "
+    header = (f"Overfitting on a {SLICE_BYTES / 1e6:.2g} MB Shakespeare-char slice (dropout 0.1, ≈ "
               f"{next(iter(results.values()))[0]['epochs']:.0f} epochs of the speech split); losses in nats per "
               "character. Val loss: the fixed evaluation (whole split, kept weights) on the held-out speeches of the "
               "same plays and on the slice's last 10% (other plays). Gap: same-play val − train loss from the training "
@@ -145,7 +150,7 @@ def run(ctx: ex.Context) -> dict[str, Any]:
               "overfitting, a cross-play gap present from the start is the split. " + conv.CONVERGED_NOTE)
     sweep_list = list(sweeps.values())
     return report.write_results(ctx, table, {"rows": results, "lr_sweeps": sweep_list, "floors": floors}, header,
-                            "LR sweeps (d_model 128, seed 1, final val loss on the same-play split):\n\n"
+                            f"LR sweeps (d_model {sweep_width}, seed 1, final val loss on the same-play split):\n\n"
                             + sweep_table(sweep_list))
 
 
