@@ -5,9 +5,9 @@ sizes, with a best validation loss comparable to GPT's), measured as the paper m
 distribution, beside the cross-play gap.
 
 Data: a 0.25 MB slice of Shakespeare-char (``prepare_dataset(slice_bytes=250_000)``, prepared on
-first use into ``DATA_ROOT/shakespeare_250k``; validation = its last 10%, other plays). Its
+first use into ``DATA_ROOT/shakespeare_250k/shakespeare_char``; validation = its last 10%, other plays). Its
 training part is split again by speech (:mod:`energyformer.data.speeches`): every 10th speech is
-held out (``DATA_ROOT/shakespeare_250k_speeches``: ≈ 198k training and 27k validation characters
+held out (``DATA_ROOT/shakespeare_250k/shakespeare_char_speeches``: ≈ 198k training and 27k validation characters
 from the same plays). The models train on that speech split. Reported per run: the fixed
 evaluation on the same-play held-out speeches and on the other plays (whole splits, kept weights),
 and from the training curve (the same 10 batches of each split at every evaluation) the same-play
