@@ -38,6 +38,7 @@ from energyformer.experiments.report import (
     save_figure,
     write_results,
 )
+from energyformer.experiments.stats import format_difference, paired_difference
 from energyformer.models.registry import get_spec
 
 TOLS = (0.1, 0.01, 0.001)
@@ -124,7 +125,7 @@ def run(ctx: Context) -> dict[str, Any]:
                                      seed=EVAL_SEED)["val"]
 
             ks = list(range(1, 2 * trained + 1))
-            entry: dict[str, Any] = {"trained_steps": trained, "k": ks, "loss": [],
+            entry: dict[str, Any] = {"seed": seed, "trained_steps": trained, "k": ks, "loss": [],
                                      "convergence": convergence(where)}
             early_stops = get_spec(run_cfg.model.arch).takes("stop_tol")  # NRGPT: per-token early stopping
             for k in ks:
@@ -144,14 +145,24 @@ def run(ctx: Context) -> dict[str, Any]:
     rows = []
     for label, per_seed in results.items():
         conv = converged_cell([s["convergence"] for s in per_seed])
+        trained = per_seed[0]["trained_steps"]
+        ref = {s["seed"]: s["loss"][s["k"].index(trained)] for s in per_seed}
+
+        def delta(losses: list[float], ref=ref, per_seed=per_seed) -> str:
+            # each seed's loss minus the same model's loss at its trained step count, paired by seed
+            return format_difference(paired_difference(ref, {s["seed"]: v for s, v in zip(per_seed, losses)}))
+
         for i, k in enumerate(per_seed[0]["k"]):
-            mark = " (trained)" if k == per_seed[0]["trained_steps"] else ""
-            rows.append([label, f"{k}{mark}", pm([s["loss"][i] for s in per_seed]), conv])
+            losses = [s["loss"][i] for s in per_seed]
+            rows.append([label, f"{k} (trained)" if k == trained else str(k), pm(losses),
+                         "0 (reference)" if k == trained else delta(losses), conv])
         for tol in per_seed[0].get("stop_tol", {}):
-            rows.append([label, f"≤ {2 * per_seed[0]['trained_steps']}, stop_tol {tol} (mean "
+            losses = [s["stop_tol"][tol]["loss"] for s in per_seed]
+            rows.append([label, f"≤ {2 * trained}, stop_tol {tol} (mean "
                                 f"{sum(s['stop_tol'][tol]['mean_steps'] for s in per_seed) / len(per_seed):.2f} steps)",
-                         pm([s["stop_tol"][tol]["loss"] for s in per_seed]), conv])
-    table = markdown_table(["model", "steps at inference", "val loss", "trained model converged"], rows)
+                         pm(losses), delta(losses), conv])
+    table = markdown_table(["model", "steps at inference", "val loss (mean ± SD over seeds)",
+                            "Δ vs the trained steps (paired by seed, 95% interval)", "trained model converged"], rows)
     # every source trains on the same corpus (--quick: the same text, prepared once per source)
     for f in dict.fromkeys(tuple(f.items()) for f in floors.values()):
         table += "\n\n" + floors_table(dict(f), "val loss (nats/char)")

@@ -31,6 +31,13 @@ def test_experiment_quick(name, tmp_path, capsys):
     assert list(out.glob("*.png")), "every experiment writes its plots"
     if name == "inference_steps":  # both NRGPT η arms and CEM T=2, each from its source experiment
         assert len(results["rows"]) == 3 and any("c_diag_gamma" in s for s in results["sources"])
+        for label, (seed_entry,) in results["rows"].items():  # Δ = each K's loss − the trained K's, same seed
+            trained = seed_entry["trained_steps"]
+            ref = seed_entry["loss"][seed_entry["k"].index(trained)]
+            assert f"| {label} | {trained} (trained) | {ref:.4f} | 0 (reference) |" in table
+            for k, loss in zip(seed_entry["k"], seed_entry["loss"]):
+                if k != trained:
+                    assert f"| {label} | {k} | {loss:.4f} | {loss - ref:+.4f} (n=1) |" in table
     else:  # inference_steps trains nothing of its own: it reuses the runs of energy_descent and cem_ablation
         assert (out / "curves.png").is_file() or (out / "loss_curves.png").is_file()
         runs = sorted(p.name for p in (out / "runs").iterdir())
