@@ -266,6 +266,14 @@ def _matched_table(main, base: int) -> str:
             rows.append([f"{label} − llama", w, format_difference(eq),
                          format_difference(matched_gap(main, label, "llama", w, "params")),
                          format_difference(matched_gap(main, label, "llama", w, "train_flops"))])
+    # the CEM paper's diagonal claim at every width: the shared diagonal against tied T=1 (paired by seed)
+    label, ref = WIDTH_FAMILIES[2], WIDTH_FAMILIES[1]
+    for w in sorted({r["width"] for r in main if r["label"] == label}):
+        eq = paired_difference({s: r["val_loss"] for s, r in _by(main, label=ref, width=w).items()},
+                               {s: r["val_loss"] for s, r in _by(main, label=label, width=w).items()})
+        rows.append([f"{label} − {ref}", w, format_difference(eq),
+                     format_difference(matched_gap(main, label, ref, w, "params")),
+                     format_difference(matched_gap(main, label, ref, w, "train_flops"))])
     # T=2 and the full CEM (base width only) against T=1's curve, and against Llama's: the CEM paper's
     # claim is the full model matching Llama with fewer parameters, so its equal-parameter reading
     for label in ("cem T=2", "cem full (T=2+D+LR+P)"):

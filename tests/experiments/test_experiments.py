@@ -420,8 +420,11 @@ def test_cem_ablation_matched_gap_reads_the_reference_curve_per_seed():
     # equal FLOPs reads the curve at the model's FLOPs (4e6 = Llama d 128's exactly)
     full = ca.matched_gap(main, "cem full (T=2+D+LR+P)", "llama", 128, "train_flops")
     assert math.isclose(full["mean"], ((1.45 - 1.4) + (1.47 - 1.41)) / 2, abs_tol=1e-12)
+    main += [run("cem diag_shared", 128, 1, 200_500, 1.48), run("cem diag_shared", 128, 2, 200_500, 1.47)]
     table = ca._matched_table(main, 128)
     assert "cem full (T=2+D+LR+P) − llama" in table and "cem full (T=2+D+LR+P) − cem tied T=1" in table
+    # the shared diagonal against tied T=1 at each width it was trained at, paired by seed: (−0.02 − 0.03) / 2
+    assert "| cem diag_shared − cem tied T=1 | 128 | -0.0250 [" in table
 
 
 def test_cem_ablation_interim_tables_train_nothing_and_name_the_missing_runs(tmp_path, capsys):
