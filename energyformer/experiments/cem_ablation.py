@@ -8,7 +8,8 @@ Arms (recipes ``configs/shakespeare_char/{llama, cem, cem_t2, cem_diag_shared, c
   CEM option of the earlier ablation (the shared diagonal, ``diag_shared``). From these come the
   loss-vs-parameters and loss-vs-training-FLOPs curves (FLOPs: :func:`energyformer.models.flops.
   training_flops_per_token` × tokens), and the CEM − Llama gap read at matched parameters and at
-  matched FLOPs (the Llama curve interpolated in log size at each CEM run's size, per seed).
+  matched FLOPs (the Llama curve interpolated in log size at each CEM run's size, per seed), and
+  the shared diagonal against tied T=1 at every width the same three ways.
 - **At d_model 128 only**: CEM T=2 and the full CEM (T=2 + diag_shared + rank-8 preconditioner),
   compared with T=1 at equal tokens and at equal FLOPs (T=1's curve read at their FLOPs).
 
