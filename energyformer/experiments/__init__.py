@@ -5,7 +5,7 @@ runs (a finished run with the same config is reused, not repeated), writes
 ``results/NAME/{table.md, results.json, *.png}`` and the runs' summaries, and returns the table.
 
     (a) cem_ablation  (b) gp_recursion  (c) listops_transition  (d) shakespeare_scaling
-    (e) energy_descent  (f) inference_steps
+    (e) energy_descent  (f) inference_steps  (g) inference_compute
 """
 from __future__ import annotations
 

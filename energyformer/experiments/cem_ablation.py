@@ -11,7 +11,8 @@ Arms (recipes ``configs/shakespeare_char/{llama, cem, cem_t2, cem_diag_shared, c
   matched FLOPs (the Llama curve interpolated in log size at each CEM run's size, per seed), and
   the shared diagonal against tied T=1 at every width the same three ways.
 - **At d_model 128 only**: CEM T=2 and the full CEM (T=2 + diag_shared + rank-8 preconditioner),
-  compared with T=1 at equal tokens and at equal FLOPs (T=1's curve read at their FLOPs).
+  compared with T=1 and with Llama at equal tokens, equal parameters and equal FLOPs (the
+  reference's width curve read at their size).
 
 Every run: 4,000 steps × 32 × 128 characters (16.4 M tokens), the same WSD schedule (warmup 100,
 constant LR, a linear cooldown over the last 10% to LR/10), 50 evaluations. Seed s gives every arm
@@ -24,7 +25,8 @@ every width. Checks of the verdict: one seed pair (Llama, T=1) with a 25% cooldo
 Llama, T=1 and diag_shared at twice the steps (8,000).
 
 Budget (2-core CPU, measured per run at 2 threads: d 128 Llama ≈ 21 min, T=1 ≈ 23, diag_shared
-≈ 27, T=2 ≈ 39, full ≈ 52; d 64 ≈ ⅓ and d 192 ≈ 2× of that): 9 LR-check runs, 9 runs per width
+≈ 27, T=2 ≈ 39, full ≈ 52; d 64 ≈ ⅓ and d 192 ≈ 2× of that): 15 LR-check runs (one more for
+each check extended past an edge), 9 runs per width
 family (3 seeds × 3 widths) × 3 families, 3 T=2 and 2 full runs, 2 cooldown and 3 double-budget runs
 ≈ 22 CPU-hours; ``--jobs 2`` nearly halves the wall time. ``--quick``: the docstring corpus, widths
 8 and 16, 20 steps.

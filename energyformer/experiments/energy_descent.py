@@ -16,9 +16,9 @@ as the paper means it: from each family's best LR, the loss cost (fixed evaluati
 paired over :data:`LR_COST_SEEDS` seeds at the sweep's budget; the earlier fixed-grid spread
 (worst − best over 3e-4, 1e-3, 3e-3) is kept beside it.
 
-Budget (idle 2-core CPU, ≈ 20k tokens/s): 9 sweep runs and 18 LR-cost runs of 1,250 steps, and
-2 arms × 2 seeds of 5,000 steps ≈ 3.5 hours. ``--quick``: the docstring corpus, d_model 16, 20
-steps, seconds.
+Budget (idle 2-core CPU, ≈ 20k tokens/s): 9 sweep runs (one more for each sweep extended past an
+edge) and 18 LR-cost runs of 1,250 steps, and 2 arms × 2 seeds of 5,000 steps ≈ 3.5 hours.
+``--quick``: the docstring corpus, d_model 16, 20 steps, seconds.
 """
 from __future__ import annotations
 

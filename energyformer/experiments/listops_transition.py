@@ -2,7 +2,7 @@
 GPT_Rec_parallel (docs/nrgpt.md §8). The paper reports the ≥ 80 % transition at 2.3–3.0 × 10⁴
 parameters for all three (GPT_Rec_parallel 2.3e4, FF1 2.4e4, FF2W 2.98e4) after 100k iterations.
 
-Protocol on 2 CPU cores, in two stages:
+Protocol on 2 CPU cores, in three stages:
 
 1. **Pilot**: GPT_Rec_parallel d_model 50 (``configs/listops/gpt_rec_parallel.yaml``: one head,
    5 recurrent steps, block 128, batch 64, AdamW wd 0.01, β₂ 0.999), LR 2e-3, 10,000 steps
@@ -22,8 +22,9 @@ the end-token rate, the loss on the predictable tokens after the first ``=``, an
 accuracy on single-function test sets. Each run's scores are kept in its record as ``listops_eval.json``
 (with the weights' SHA-256 and the test set's; computed again when either changes, or with ``--rescore``).
 
-Budget (idle 2-core CPU): the pilot ≈ 45 minutes; the LR checks 9 runs ≈ 2 hours; the width
-stage 15 runs ≈ 10 hours and 12 more seeds beside the transitions ≈ 8 hours.
+Budget (idle 2-core CPU): the pilot ≈ 45 minutes; the LR checks 9 runs (one more for each check
+extended past an edge) ≈ 2 hours; the width stage 15 runs ≈ 10 hours and 12 more seeds beside the
+transitions ≈ 8 hours.
 ``--quick``: 600 expressions, width 8, 20 steps, 20 test problems.
 """
 from __future__ import annotations
