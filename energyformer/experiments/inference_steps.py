@@ -13,8 +13,10 @@ every model, seed and K: :data:`EVAL_SEED`) at K ∈ {1, …, 2T_trained} steps 
 every layer run K steps), and NRGPT with 8 steps and ``stop_tol`` ∈ {0.1, 0.01, 0.001} (mean steps
 taken reported). Seeds: 2 (those of the source experiments).
 
-The table gives, beside each loss, whether the trained model met the plateau rule of its source
-experiment (its "converged" cell), and the unigram and bigram count-model floors of the corpus.
+The table gives, beside each loss (mean ± SD over seeds), its difference from the same model's loss
+at its trained step count, paired by seed with its 95% t-interval, whether the trained model met
+the plateau rule of its source experiment (its "converged" cell), and the unigram and bigram
+count-model floors of the corpus.
 
 Budget: evaluation only (minutes) once the source runs exist. ``--quick``: the quick runs of both.
 """
