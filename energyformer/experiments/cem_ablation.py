@@ -260,32 +260,27 @@ def matched_gap(main, label: str, ref: str, width: int, axis: str) -> dict[str, 
     return paired_difference(diffs_a, diffs_b)
 
 
+def _gap_row(main, label: str, ref: str, width: int) -> list[Any]:
+    """One row of the gaps table: ``label − ref`` at ``width`` at equal tokens (paired by seed), and
+    against ``ref``'s width curve at ``label``'s parameters and training FLOPs."""
+    eq = paired_difference({s: r["val_loss"] for s, r in _by(main, label=ref, width=width).items()},
+                           {s: r["val_loss"] for s, r in _by(main, label=label, width=width).items()})
+    return [f"{label} − {ref}", width, format_difference(eq),
+            format_difference(matched_gap(main, label, ref, width, "params")),
+            format_difference(matched_gap(main, label, ref, width, "train_flops"))]
+
+
 def _matched_table(main, base: int) -> str:
-    rows = []
-    for label in WIDTH_FAMILIES[1:]:
-        for w in sorted({r["width"] for r in main if r["label"] == label}):
-            eq = paired_difference({s: r["val_loss"] for s, r in _by(main, label="llama", width=w).items()},
-                                   {s: r["val_loss"] for s, r in _by(main, label=label, width=w).items()})
-            rows.append([f"{label} − llama", w, format_difference(eq),
-                         format_difference(matched_gap(main, label, "llama", w, "params")),
-                         format_difference(matched_gap(main, label, "llama", w, "train_flops"))])
-    # the CEM paper's diagonal claim at every width: the shared diagonal against tied T=1 (paired by seed)
-    label, ref = WIDTH_FAMILIES[2], WIDTH_FAMILIES[1]
-    for w in sorted({r["width"] for r in main if r["label"] == label}):
-        eq = paired_difference({s: r["val_loss"] for s, r in _by(main, label=ref, width=w).items()},
-                               {s: r["val_loss"] for s, r in _by(main, label=label, width=w).items()})
-        rows.append([f"{label} − {ref}", w, format_difference(eq),
-                     format_difference(matched_gap(main, label, ref, w, "params")),
-                     format_difference(matched_gap(main, label, ref, w, "train_flops"))])
+    def widths_of(label: str) -> list[int]:
+        return sorted({r["width"] for r in main if r["label"] == label})
+
+    rows = [_gap_row(main, label, "llama", w) for label in WIDTH_FAMILIES[1:] for w in widths_of(label)]
+    # the CEM paper's diagonal claim at every width: the shared diagonal against tied T=1
+    rows += [_gap_row(main, WIDTH_FAMILIES[2], WIDTH_FAMILIES[1], w) for w in widths_of(WIDTH_FAMILIES[2])]
     # T=2 and the full CEM (base width only) against T=1's curve, and against Llama's: the CEM paper's
     # claim is the full model matching Llama with fewer parameters, so its equal-parameter reading
-    for label in ("cem T=2", "cem full (T=2+D+LR+P)"):
-        for ref in ("cem tied T=1", "llama"):
-            eq = paired_difference({s: r["val_loss"] for s, r in _by(main, label=ref, width=base).items()},
-                                   {s: r["val_loss"] for s, r in _by(main, label=label, width=base).items()})
-            rows.append([f"{label} − {ref}", base, format_difference(eq),
-                         format_difference(matched_gap(main, label, ref, base, "params")),
-                         format_difference(matched_gap(main, label, ref, base, "train_flops"))])
+    rows += [_gap_row(main, label, ref, base) for label in ("cem T=2", "cem full (T=2+D+LR+P)")
+             for ref in ("cem tied T=1", "llama")]
     return ("Gaps (val loss, nats/char; negative: the first model is better). Matched: the second model's curve over "
             "its widths, same seed, read (linear in log size) at the first model's parameters or training FLOPs; "
             "– where that lies outside the widths trained:\n\n"
