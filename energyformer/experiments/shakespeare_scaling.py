@@ -102,13 +102,16 @@ def run(ctx: ex.Context) -> dict[str, Any]:
                                  SWEEP_STEPS) for label, recipe in MODELS.items()}
     ex.need_runs(ctx)
     name = lambda label, width, seed: f"{label.replace(' ', '_')}_d{width}_s{seed}"  # noqa: E731
+    # seed-major, widest first: a queue cut short keeps whole seeds (every model and width, paired), and
+    # with --jobs N the long runs start first
     cfgs = {(label, width, seed): config(ctx, recipe, width, sweeps[label]["best_lr"], STEPS, seed, data)
-            for label, recipe in MODELS.items() for width in widths for seed in ctx.seed_list(DEFAULT_SEEDS)}
+            for seed in ctx.seed_list(DEFAULT_SEEDS) for width in sorted(widths, reverse=True)
+            for label, recipe in MODELS.items()}
     trained = {key: ex.train_or_resume(ctx, name(*key), cfg) for key, cfg in cfgs.items()}
     ex.need_runs(ctx)
     n_train = load_meta(f"{data['root']}/{data['dataset']}")["n_train"]
     results, rows, groups = {}, [], {}
-    for (label, width, seed), s in trained.items():
+    for (label, width, seed), s in sorted(trained.items(), key=lambda kv: (list(MODELS).index(kv[0][0]), kv[0][1:])):
         where = ex.record_dir(ctx, name(label, width, seed))
         groups.setdefault(f"{label} d{width}", []).append(where)
         tr = cfgs[(label, width, seed)]["train"]
