@@ -12,7 +12,8 @@ other arm checks its own LR (the family's best and the half-decades either side,
 uses its own best. Every CEM run first sits on a loss plateau; the table gives the escape step (the
 first evaluation below the midpoint of the first and the final validation loss), the fixed
 validation MSE (whole split, kept weights), the test RMSE per context length, and each arm's
-paired difference (by seed: the same batches) to T=1 and to Llama.
+paired difference (by seed: the same batches) to T=1, to Llama and to the arm one step back
+(:data:`PREVIOUS`: T=4 against T=2, T=8 against T=4, an η-per-step row against the same T).
 
 Budget (idle 2-core CPU, measured at 2 threads: a T=1 run 6.5 min, T=2 11–12, T=4 20, T=8 ≈ 40):
 3 seeds of 5 configurations plus 2 "η per step" rows (1 seed each) at 5,000 steps, 8 family
@@ -40,6 +41,10 @@ ARMS: dict[str, tuple[str, str, dict[str, Any], int]] = {
     "cem T=8, η per step": ("gp/cem_t8.yaml", "cem", {"per_step_scale": True}, 1),
     "llama": ("gp/llama.yaml", "llama", {}, 3),
 }
+#: the arm each arm is compared with one step back: the next-shallower T (does more recursion still
+#: pay?) and, for the η-per-step rows, the same T with one shared η (what the per-step factor adds)
+PREVIOUS: dict[str, str] = {"cem T=2": "cem T=1", "cem T=4": "cem T=2", "cem T=8": "cem T=4",
+                            "cem T=4, η per step": "cem T=4", "cem T=8, η per step": "cem T=8"}
 SWEEP_RECIPE = {"cem": "gp/cem_t1.yaml", "llama": "gp/llama.yaml"}
 STEPS, SWEEP_STEPS, LRS = 5000, 1250, (3e-4, 1e-3, 3e-3)
 
@@ -128,14 +133,19 @@ def run(ctx: ex.Context) -> dict[str, Any]:
         results[label] = {"lr": lr[label], "seeds": per_seed}
     t1 = {s["seed"]: s["rmse_model"] for s in results["cem T=1"]["seeds"]}
     llama = {s["seed"]: s["rmse_model"] for s in results["llama"]["seeds"]}
-    for r in results.values():
-        mine = {s["seed"]: s["rmse_model"] for s in r["seeds"]}
-        r["vs_t1"], r["vs_llama"] = paired_difference(t1, mine), paired_difference(llama, mine)
+    rmse = {label: {s["seed"]: s["rmse_model"] for s in r["seeds"]} for label, r in results.items()}
+    for label, r in results.items():
+        r["vs_t1"], r["vs_llama"] = paired_difference(t1, rmse[label]), paired_difference(llama, rmse[label])
+        before = PREVIOUS.get(label)
+        r["vs_previous"] = {"arm": before, **paired_difference(rmse[before], rmse[label])} if before in rmse else None
     table = _table(results, floor)
     table += "\n\n" + report.markdown_table(
-        ["model", "Δ RMSE vs cem T=1 (paired, 95% interval)", "Δ RMSE vs llama"],
+        ["model", "Δ RMSE vs cem T=1 (paired, 95% interval)", "Δ RMSE vs llama",
+         "Δ RMSE vs the arm one step back (paired, 95% interval)"],
         [[label, "–" if label == "cem T=1" else format_difference(r["vs_t1"]),
-          "–" if label == "llama" else format_difference(r["vs_llama"])] for label, r in results.items()])
+          "–" if label == "llama" else format_difference(r["vs_llama"]),
+          f"vs {r['vs_previous']['arm']}: {format_difference(r['vs_previous'])}" if r["vs_previous"] else "–"]
+         for label, r in results.items()])
     _plots(ctx, results, floor, groups)
     header = (f"In-context GP regression (x_dim {settings['x_dim']}, length scale {settings['length_scale']}, "
               f"noise {settings['noise']}), RMSE on {floor['n']} test sequences (all positions, per context length), "

@@ -111,13 +111,20 @@ def _score(ctx: ex.Context, name: str, problems, data_dir: str) -> dict[str, Any
     return {**{k: ev[k] for k in keep}, "convergence": conv.convergence(where), "dir": where}
 
 
-def _row(label: str, width: int, params: int, ev: dict[str, Any], final: float,
-         accs: list[float] | None = None) -> list[Any]:
-    single = " / ".join(f"{f} {r['accuracy']:.2f}" for f, r in sorted(ev["single_function"].items()))
-    acc = (f"{ev['accuracy']:.3f} ± {ev['stderr']:.3f}" if not accs or len(accs) == 1
-           else f"{report.pm(accs, 3)} ({len(accs)} seeds)")
-    return [label, width, f"{params:,}", acc, f"{ev['end_token_rate']:.3f}",
-            f"{ev['answer_loss']['loss']:.4f}", f"{final:.4f}", conv.converged_cell([ev["convergence"]]), single]
+def _row(label: str, width: int, params: int, evs: list[dict[str, Any]], finals: list[float]) -> list[Any]:
+    """One table row from the scores ``evs`` and fixed-evaluation val losses ``finals`` of a width's seeds:
+    with one seed its accuracy ± standard error, with several every column over all of them (means;
+    accuracy and losses ± the sample std over seeds; the convergence verdicts of every seed)."""
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    funcs = sorted(evs[0]["single_function"])
+    single = " / ".join(f"{f} {mean([e['single_function'][f]['accuracy'] for e in evs]):.2f}" for f in funcs)
+    if len(evs) == 1:
+        acc = f"{evs[0]['accuracy']:.3f} ± {evs[0]['stderr']:.3f}"
+    else:
+        acc = f"{report.pm([e['accuracy'] for e in evs], 3)} ({len(evs)} seeds)"
+    return [label, width, f"{params:,}", acc, f"{mean([e['end_token_rate'] for e in evs]):.3f}",
+            report.pm([e["answer_loss"]["loss"] for e in evs]), report.pm(finals),
+            conv.converged_cell([e["convergence"] for e in evs]), single]
 
 
 HEAD = ["model", "d_model", "params", "accuracy ± s.e.", "end-token rate", "loss after first =", "val loss",
@@ -162,7 +169,7 @@ def run(ctx: ex.Context) -> dict[str, Any]:
     ex.need_runs(ctx)
     pilot = {**_score(ctx, pilot_name, problems, data_dir), "params": summary["params"],
              "final_val_loss": summary["final_eval"]["value"]}
-    rows = [_row("GPT_Rec_parallel (pilot)", width, pilot["params"], pilot, pilot["final_val_loss"])]
+    rows = [_row("GPT_Rec_parallel (pilot)", width, pilot["params"], [pilot], [pilot["final_val_loss"]])]
     groups = {"pilot": [pilot.pop("dir")]}
     sweep: dict[str, list[dict[str, Any]]] = {}
     checks: dict[str, dict[str, Any]] = {}
@@ -190,13 +197,19 @@ def run(ctx: ex.Context) -> dict[str, Any]:
             seeds = [(1, s, scored[(label, w)])] + [
                 (seed, e, _score(ctx, name(label, w, seed), problems, data_dir))
                 for (lab, ww, seed), e in extra.items() if (lab, ww) == (label, w)]
+            for _, _, sc in seeds:
+                groups.setdefault(label, []).append(sc.pop("dir"))
             ev = seeds[0][2]
-            groups.setdefault(label, []).append(ev.pop("dir"))
             accs = [x[2]["accuracy"] for x in seeds]
-            entry = {"width": w, "params": s["params"], **ev, "final_val_loss": s["final_eval"]["value"],
-                     "accuracy_seeds": accs, "accuracy_mean": sum(accs) / len(accs)}
+            finals = [x[1]["final_eval"]["value"] for x in seeds]
+            # seed 1's scores at the top level (as before); every seed's in "seeds"
+            entry = {"width": w, "params": s["params"], **ev, "final_val_loss": finals[0],
+                     "accuracy_seeds": accs, "accuracy_mean": sum(accs) / len(accs),
+                     "seeds": [{"seed": seed, "accuracy": sc["accuracy"], "stderr": sc["stderr"],
+                                "final_val_loss": e["final_eval"]["value"], "convergence": sc["convergence"]}
+                               for seed, e, sc in seeds]}
             sweep.setdefault(label, []).append(entry)
-            rows.append(_row(label, w, s["params"], ev, entry["final_val_loss"], accs))
+            rows.append(_row(label, w, s["params"], [x[2] for x in seeds], finals))
     table = report.markdown_table(HEAD, rows) + "\n\n" + _floors_table(pilot)
     if sweep:
         trans = {m: transition([(r["params"], r["accuracy_mean"]) for r in rs]) for m, rs in sweep.items()}
@@ -210,7 +223,8 @@ def run(ctx: ex.Context) -> dict[str, Any]:
                    "to the GPU profile (`energyformer experiment listops_transition --profile paper`).")
     report.plot_learning_curves(ctx, groups, "curves.png", ylabel="val loss (nats/token)")
     header = (f"ListOps held-out accuracy (greedy final answer, {len(problems)} test problems; one seed: ± its "
-              f"standard error; beside each model's transition {1 + EXTRA_SEEDS} seeds: mean ± sample std over seeds), "
+              f"standard error; beside each model's transition {1 + EXTRA_SEEDS} seeds: every column over the seeds, "
+              "accuracy and losses as mean ± sample std, the convergence verdict of each seed), "
               f"{PILOT_STEPS:,} steps with the reference's {DECAY_HORIZON:,}-iteration decay horizon. Val loss: the "
               "fixed evaluation (whole validation split, kept weights). " + conv.CONVERGED_NOTE)
     return report.write_results(ctx, table, {"pilot": pilot, "lr_checks": checks, "widths": sweep}, header, verdict)

@@ -42,6 +42,17 @@ def test_experiment_quick(name, tmp_path, capsys):
         assert (out / "curves.png").is_file() or (out / "loss_curves.png").is_file()
         runs = sorted(p.name for p in (out / "runs").iterdir())
         assert runs and all((out / "runs" / r / "summary.json").is_file() for r in runs)
+    if name == "gp_recursion":  # each arm against the arm one step back, paired by seed, from the per-seed RMSEs
+        from energyformer.experiments.gp_recursion import PREVIOUS
+        from energyformer.experiments.stats import format_difference
+
+        rows = results["rows"]
+        for label, before in PREVIOUS.items():
+            d = rows[label]["vs_previous"]
+            want = rows[label]["seeds"][0]["rmse_model"] - rows[before]["seeds"][0]["rmse_model"]
+            assert d["arm"] == before and d["n"] == 1 and abs(d["mean"] - want) < 1e-12
+            assert f"vs {before}: {format_difference(d)} |" in table
+        assert rows["cem T=1"]["vs_previous"] is None and rows["llama"]["vs_previous"] is None
     # a second call, as on a fresh checkout (every trained run directory gone, only the records under
     # NAME/runs and the data left; inference_steps: those of its source experiments), reuses every
     # finished run from its record instead of training it again, and writes the same table
@@ -299,6 +310,27 @@ def test_listops_width_stage_trains_each_model_at_its_own_checked_lr(tmp_path, m
     monkeypatch.setattr("energyformer.tasks.listops.listops_report", not_again)
     again = lt.run(ctx)
     assert again["widths"] == out["widths"]
+
+
+def test_listops_row_of_several_seeds_summarises_every_seed():
+    """A width trained with extra seeds shows every column over all its seeds (an earlier table put
+    seed 1's val loss and convergence beside the seeds' mean accuracy)."""
+    from energyformer.experiments.listops_transition import HEAD, _row
+
+    def ev(acc, answer, end, verdict, slope, single):
+        return {"accuracy": acc, "stderr": 0.02, "end_token_rate": end, "answer_loss": {"loss": answer},
+                "convergence": {"verdict": verdict, "slope_per_1k": slope, "slope_se_per_1k": 0.001},
+                "single_function": {"max": {"accuracy": single}, "median": {"accuracy": 0.5}}}
+
+    one = dict(zip(HEAD, _row("m", 32, 1234, [ev(0.8, 0.1, 1.0, "no", -0.004, 0.9)], [0.85])))
+    assert one["accuracy ± s.e."] == "0.800 ± 0.020" and one["val loss"] == "0.8500"
+    assert one["converged"] == "no (-0.004 ± 0.001/1k)"
+    row = dict(zip(HEAD, _row("m", 32, 1234, [ev(0.8, 0.1, 1.0, "no", -0.004, 0.9),
+                                               ev(0.6, 0.3, 0.9, "unclear", -0.002, 0.7)], [0.85, 0.95])))
+    assert row["accuracy ± s.e."] == "0.700 ± 0.141 (2 seeds)"
+    assert row["val loss"] == "0.9000 ± 0.0707" and row["loss after first ="] == "0.2000 ± 0.1414"
+    assert row["end-token rate"] == "0.950" and row["converged"].startswith("1 no, 1 unclear (-0.003")
+    assert row["single-function accuracy"] == "max 0.80 / median 0.50"
 
 
 def test_a_pending_sweep_does_not_hold_back_another_sweeps_runs(tmp_path, monkeypatch):
