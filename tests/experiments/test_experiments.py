@@ -53,6 +53,11 @@ def test_experiment_quick(name, tmp_path, capsys):
             assert d["arm"] == before and d["n"] == 1 and abs(d["mean"] - want) < 1e-12
             assert f"vs {before}: {format_difference(d)} |" in table
         assert rows["cem T=1"]["vs_previous"] is None and rows["llama"]["vs_previous"] is None
+        # the val MSE column's floors are computed on the validation split itself, not read off the test RMSE
+        f = results["floors"]
+        assert 0 < f["val_mse_gp_floor"] < f["val_mse_prior"] and f["val_mse_gp_floor"] != f["rmse_gp_floor"] ** 2
+        assert f"| GP posterior mean (Bayes floor) | – | – | – | – | – | {f['val_mse_gp_floor']:.4f} | " \
+               f"{f['rmse_gp_floor']:.4f} |" in table
     # a second call, as on a fresh checkout (every trained run directory gone, only the records under
     # NAME/runs and the data left; inference_steps: those of its source experiments), reuses every
     # finished run from its record instead of training it again, and writes the same table
