@@ -3,6 +3,8 @@ results files, reusing finished runs), not the science (tiny sizes, seconds each
 the protocols rest on: recipes + overrides, run records, LR sweeps, the convergence measure."""
 import json
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -12,16 +14,30 @@ from energyformer.experiments.common import Context, resolve, same_config, sched
 from energyformer.experiments.convergence import converged_cell, convergence
 from energyformer.experiments.sweeps import lr_sweep, sweep_table
 
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _untracked(root):
+    """``git status`` of ``root`` (porcelain, every untracked file listed)."""
+    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=root, check=True,
+                          capture_output=True, text=True).stdout.splitlines()
+
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
-def test_experiment_quick(name, tmp_path, capsys):
+def test_experiment_quick(name, tmp_path, capsys, monkeypatch):
+    # run as a user does, from the root of a checkout (a git repository with the project's .gitignore)
+    # with every default path: --quick must leave `git status` clean
+    shutil.copy(REPO / ".gitignore", tmp_path / ".gitignore")
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    monkeypatch.chdir(tmp_path)
     results_dir = tmp_path / "results"
-    args = ["experiment", name, "--quick", "--seeds", "1", "--results-dir", str(results_dir),
-            "--work-dir", str(tmp_path / "work")]
+    args = ["experiment", name, "--quick", "--seeds", "1"]
     assert main(args) == 0
     capsys.readouterr()
     assert not results_dir.exists(), "--quick never writes into the results directory"
-    out = tmp_path / "work" / "quick-results" / name
+    assert _untracked(tmp_path) == ["?? .gitignore"], "--quick leaves git status clean"
+    work = tmp_path / "out" / "experiments"
+    out = work / "quick-results" / name
     table = (out / "table.md").read_text()
     assert table.count("|") > 10 and f"Reproduce: `energyformer experiment {name} --quick --seeds 1`" in table
     assert "converged" in table, "every table says whether its runs converged"
@@ -61,7 +77,7 @@ def test_experiment_quick(name, tmp_path, capsys):
     # a second call, as on a fresh checkout (every trained run directory gone, only the records under
     # NAME/runs and the data left; inference_steps: those of its source experiments), reuses every
     # finished run from its record instead of training it again, and writes the same table
-    for runs in (tmp_path / "work").glob("*-quick"):
+    for runs in work.glob("*-quick"):
         for d in runs.iterdir():
             if d.name != "data":
                 shutil.rmtree(d)
@@ -69,6 +85,7 @@ def test_experiment_quick(name, tmp_path, capsys):
     again = capsys.readouterr().out
     assert "finished earlier" in again and ": best val " not in again
     assert (out / "table.md").read_text() == table
+    assert _untracked(tmp_path) == ["?? .gitignore"]
 
 
 def test_resolve_is_recipe_plus_overrides():
