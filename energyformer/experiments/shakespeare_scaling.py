@@ -16,7 +16,10 @@ val − train gap after the first epoch, at the end, and its growth.
 Runs: the recipes ``configs/shakespeare_char/{nrgpt, gpt, gpt_rec_parallel}.yaml`` at d_model ∈
 {32, 64, 128} (4 heads), dropout 0.1, 2,750 steps × 32 × 128 ≈ 57 epochs, constant LR with a 10%
 cooldown, 50 evaluations. The LR of each family is chosen at the middle width (d_model 64) by a
-sweep over {3e-4, 1e-3, 3e-3} at 690 steps (seed 1). Two seeds per width (paired: the same batches).
+sweep over {3e-4, 1e-3, 3e-3} at 690 steps (seed 1, extended past an edge); every other width checks
+its own LR (the family's best and the half-decades either side, same budget, extended past an edge)
+and trains at its own best: the d 64 LR does not carry to d 128 (GPT_Rec_parallel at 3e-2 stayed
+at ≈ 2.45 nats for all 2,750 steps). Two seeds per width (paired: the same batches).
 
 Budget: the training FLOPs per token (``models/flops.py``) of the three models sum to ≈ 1.8, 5.8
 and 20 MFLOP at d_model 32, 64 and 128 (at 256 they would be 75: d 256 alone would cost three times
@@ -33,7 +36,7 @@ from typing import Any
 from energyformer.experiments import common as ex
 from energyformer.experiments import convergence as conv
 from energyformer.experiments import report
-from energyformer.experiments.sweeps import lr_sweep, sweep_table
+from energyformer.experiments.sweeps import half_decade, lr_sweep, sweep_table
 
 WIDTHS = (32, 64, 128)
 MODELS: dict[str, str] = {
@@ -101,10 +104,18 @@ def run(ctx: ex.Context) -> dict[str, Any]:
                                  lambda lr, steps, r=recipe: config(ctx, r, sweep_width, lr, steps, 1, data), LRS,
                                  SWEEP_STEPS) for label, recipe in MODELS.items()}
     ex.need_runs(ctx)
+    checks = {(label, width): lr_sweep(ctx, f"{label.replace(' ', '_')}_d{width}",
+                                       lambda lr, steps, r=recipe, w=width: config(ctx, r, w, lr, steps, 1, data),
+                                       (half_decade(best, up=False), best, half_decade(best, up=True)), SWEEP_STEPS)
+              for label, recipe in MODELS.items() for best in [sweeps[label]["best_lr"]]
+              for width in widths if width != sweep_width}
+    ex.need_runs(ctx)
+    lrs = {(label, width): (checks.get((label, width)) or sweeps[label])["best_lr"]
+           for label in MODELS for width in widths}
     name = lambda label, width, seed: f"{label.replace(' ', '_')}_d{width}_s{seed}"  # noqa: E731
     # seed-major, widest first: a queue cut short keeps whole seeds (every model and width, paired), and
     # with --jobs N the long runs start first
-    cfgs = {(label, width, seed): config(ctx, recipe, width, sweeps[label]["best_lr"], STEPS, seed, data)
+    cfgs = {(label, width, seed): config(ctx, recipe, width, lrs[(label, width)], STEPS, seed, data)
             for seed in ctx.seed_list(DEFAULT_SEEDS) for width in sorted(widths, reverse=True)
             for label, recipe in MODELS.items()}
     trained = {key: ex.train_or_resume(ctx, name(*key), cfg) for key, cfg in cfgs.items()}
@@ -126,7 +137,7 @@ def run(ctx: ex.Context) -> dict[str, Any]:
     for label, rs in results.items():
         for width in widths:
             got = [r for r in rs if r["width"] == width]
-            rows.append([label, width, f"{got[0]['params']:,}", f"{sweeps[label]['best_lr']:g}",
+            rows.append([label, width, f"{got[0]['params']:,}", f"{lrs[(label, width)]:g}",
                          report.pm([g["val_same"] for g in got]), report.pm([g["val_cross"] for g in got]),
                          report.pm([g["gap"]["epoch1"] for g in got]), report.pm([g["gap"]["final"] for g in got]),
                          report.pm([g["gap"]["growth"] for g in got]),
@@ -151,9 +162,10 @@ def run(ctx: ex.Context) -> dict[str, Any]:
               "same plays and on the slice's last 10% (other plays). Gap: same-play val − train loss from the training "
               "curve (the same 10 batches of each split at every evaluation); its growth after the first epoch is "
               "overfitting, a cross-play gap present from the start is the split. " + conv.CONVERGED_NOTE)
-    sweep_list = list(sweeps.values())
+    sweep_list = list(sweeps.values()) + list(checks.values())
     return report.write_results(ctx, table, {"rows": results, "lr_sweeps": sweep_list, "floors": floors}, header,
-                            f"LR sweeps (d_model {sweep_width}, seed 1, final val loss on the same-play split):\n\n"
+                            f"LR sweeps (d_model {sweep_width}) and each other width's own check (seed 1, the sweep's "
+                            "steps, final val loss on the same-play split):\n\n"
                             + sweep_table(sweep_list))
 
 

@@ -74,6 +74,17 @@ def test_experiment_quick(name, tmp_path, capsys, monkeypatch):
         assert 0 < f["val_mse_gp_floor"] < f["val_mse_prior"] and f["val_mse_gp_floor"] != f["rmse_gp_floor"] ** 2
         assert f"| GP posterior mean (Bayes floor) | – | – | – | – | – | {f['val_mse_gp_floor']:.4f} | " \
                f"{f['rmse_gp_floor']:.4f} |" in table
+    if name == "shakespeare_scaling":  # every width trains at its own checked LR (d 64's failed at d 128)
+        from energyformer.runs.config import load_config
+
+        best = {s["family"]: s["best_lr"] for s in results["lr_sweeps"]}
+        for label, rows in results["rows"].items():
+            slug = label.replace(" ", "_")
+            for r in rows:
+                want = best[slug] if r["width"] == 16 else best[f"{slug}_d{r['width']}"]
+                cfg = load_config(out / "runs" / f"{slug}_d{r['width']}_s1" / "config.yaml")
+                assert cfg.train.learning_rate == want
+                assert f"| {label} | {r['width']} | {r['params']:,} | {want:g} |" in table
     # a second call, as on a fresh checkout (every trained run directory gone, only the records under
     # NAME/runs and the data left; inference_steps: those of its source experiments), reuses every
     # finished run from its record instead of training it again, and writes the same table
