@@ -165,7 +165,9 @@ def test_ctrl_c_under_jobs_stops_every_worker_with_one_line(tmp_path):
     import time
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "energyformer", "experiment", "listops_transition", "--quick",
+    # energy_descent's first round trains 9 sweep runs (seconds each, with the workers' start-up), so the
+    # signal lands while it trains; listops_transition's one-run first round could finish first (a race)
+    proc = subprocess.Popen([sys.executable, "-m", "energyformer", "experiment", "energy_descent", "--quick",
                              "--jobs", "2", "--work_dir", str(tmp_path)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     for line in proc.stdout:
