@@ -164,7 +164,9 @@ def test_ctrl_c_under_jobs_stops_every_worker_with_one_line(tmp_path):
     import sys
     import time
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # unbuffered: through a pipe the driver's stdout is block-buffered, and "training …" could arrive
+    # only at exit, after the run had finished (CI saw exit 0)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     # energy_descent's first round trains 9 sweep runs (seconds each, with the workers' start-up), so the
     # signal lands while it trains; listops_transition's one-run first round could finish first (a race)
     proc = subprocess.Popen([sys.executable, "-m", "energyformer", "experiment", "energy_descent", "--quick",
@@ -173,6 +175,7 @@ def test_ctrl_c_under_jobs_stops_every_worker_with_one_line(tmp_path):
     for line in proc.stdout:
         if line.startswith("training "):
             break
+    assert proc.poll() is None, "the experiment ended before it was interrupted"
     time.sleep(0.5)  # the workers are starting (importing) or training
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=60)
