@@ -171,7 +171,9 @@ def test_ctrl_c_under_jobs_stops_every_worker_with_one_line(tmp_path):
     # signal lands while it trains; listops_transition's one-run first round could finish first (a race)
     proc = subprocess.Popen([sys.executable, "-m", "energyformer", "experiment", "energy_descent", "--quick",
                              "--jobs", "2", "--work_dir", str(tmp_path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+                            # a terminal's default: a shell's background job (`cmd &`) inherits SIGINT ignored
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     for line in proc.stdout:
         if line.startswith("training "):
             break
