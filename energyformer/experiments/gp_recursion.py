@@ -132,11 +132,10 @@ def run(ctx: ex.Context) -> dict[str, Any]:
             per_seed.append({**ev, "seed": seed, "params": summary["params"], "val_mse": summary["final_eval"]["value"],
                              "convergence": conv.convergence(where), "escape_step": escape_step(where)})
         results[label] = {"lr": lr[label], "seeds": per_seed}
-    t1 = {s["seed"]: s["rmse_model"] for s in results["cem T=1"]["seeds"]}
-    llama = {s["seed"]: s["rmse_model"] for s in results["llama"]["seeds"]}
     rmse = {label: {s["seed"]: s["rmse_model"] for s in r["seeds"]} for label, r in results.items()}
     for label, r in results.items():
-        r["vs_t1"], r["vs_llama"] = paired_difference(t1, rmse[label]), paired_difference(llama, rmse[label])
+        r["vs_t1"] = paired_difference(rmse["cem T=1"], rmse[label])
+        r["vs_llama"] = paired_difference(rmse["llama"], rmse[label])
         before = PREVIOUS.get(label)
         r["vs_previous"] = {"arm": before, **paired_difference(rmse[before], rmse[label])} if before in rmse else None
     floor = {**floor, **val_floors}
