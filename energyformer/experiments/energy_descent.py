@@ -9,6 +9,9 @@ linear cooldown (``lr_schedule: wsd``), 50 evaluations. The LR of each η arm is
 sweep over {3e-4, 1e-3, 3e-3} at 1,250 steps (seed 1). Traced on 8 validation sequences of 128
 characters.
 
+Both arms train once more at twice the steps (seed 1), and a table shows whether the sign and size
+of their difference, and the descent, survive the longer run.
+
 LR sensitivity (the NRGPT paper reports NRGPT as more sensitive to its hyperparameters than a
 recurrent GPT): GPT_Rec_parallel (``configs/shakespeare_char/gpt_rec_parallel.yaml``) at the same
 shape (d_model 64, 4 heads, 4 steps) is swept over the same LRs at the same 1,250 steps. Measured
@@ -17,7 +20,8 @@ paired over :data:`LR_COST_SEEDS` seeds at the sweep's budget; the earlier fixed
 (worst − best over 3e-4, 1e-3, 3e-3) is kept beside it.
 
 Budget (idle 2-core CPU, ≈ 20k tokens/s): 9 sweep runs (one more for each sweep extended past an
-edge) and 18 LR-cost runs of 1,250 steps, and 2 arms × 2 seeds of 5,000 steps ≈ 3.5 hours.
+edge) and 18 LR-cost runs of 1,250 steps, and 2 arms × 2 seeds of 5,000 steps ≈ 3.5 hours; the 2× pair
+≈ 1.7 single-thread CPU-hours more.
 ``--quick``: the docstring corpus, d_model 16, 20 steps, seconds.
 """
 from __future__ import annotations
@@ -148,6 +152,9 @@ def run(ctx: ex.Context) -> dict[str, Any]:
                                                 config(ctx, eta, sweeps[f"nrgpt_{eta}"]["best_lr"], STEPS, seed))
                        for seed in ctx.seed_list(DEFAULT_SEEDS)} for label, eta in ARMS.items()}
     costs = {fam: lr_cost_runs(ctx, fam, makers[fam], sweeps[fam]["best_lr"]) for fam in makers}
+    doubled = {label: ex.train_or_resume(ctx, f"nrgpt_{eta}_2x_s1",
+                                         config(ctx, eta, sweeps[f"nrgpt_{eta}"]["best_lr"], 2 * STEPS, 1))
+               for label, eta in ARMS.items()}
     ex.need_runs(ctx)
     results, curves, groups = {}, {}, {}
     for label, eta in ARMS.items():
@@ -159,12 +166,14 @@ def run(ctx: ex.Context) -> dict[str, Any]:
             curves.setdefault(label, curve)
             per_seed.append({"seed": seed, "trace": entry, "val_loss": summary["final_eval"]["value"],
                              "convergence": conv.convergence(where)})
-        results[label] = {"lr": sweeps[f"nrgpt_{eta}"]["best_lr"], "seeds": per_seed}
+        results[label] = {"lr": sweeps[f"nrgpt_{eta}"]["best_lr"], "seeds": per_seed,
+                          "steps": trained[label][1]["steps"]}
     sweep_list = list(sweeps.values())
     sensitivity, sensitivity_rows = lr_sensitivity(sweep_list)
     cost_rows = {fam: lr_cost(c) for fam, c in costs.items()}
     floors = report.count_floors(ex.char_data(ctx), ctx)
-    table = (_table(results) + "\n\n" + _difference(results) + "\n\n"
+    check, check_rows = _budget_check(ctx, results, doubled)
+    table = (_table(results) + "\n\n" + _difference(results) + "\n\n" + check + "\n\n"
              + report.floors_table(floors, "val loss (nats/char)"))
     _plots(ctx, results, curves, groups, floors)
     header = (f"Energy descent of NRGPT per token (total energy E_AT + s_ff E_FF), {len(ctx.seed_list(DEFAULT_SEEDS))} "
@@ -177,9 +186,37 @@ def run(ctx: ex.Context) -> dict[str, Any]:
               "t-interval):\n\n" + _cost_table(cost_rows)
               + f"\n\nThe earlier reading, on a fixed grid (sweep runs, seed 1; spread = worst − best over "
               f"{', '.join(f'{lr:g}' for lr in LRS)}):\n\n" + sensitivity)
-    return report.write_results(ctx, table, {"rows": _jsonable(results), "lr_sweeps": sweep_list,
+    return report.write_results(ctx, table, {"rows": _jsonable(results), "budget_check": check_rows,
+                                         "lr_sweeps": sweep_list,
                                          "lr_sensitivity": sensitivity_rows, "lr_cost": cost_rows, "floors": floors},
                             header, footer)
+
+
+def _budget_check(ctx: ex.Context, results: dict[str, Any], doubled: dict[str, dict[str, Any]]
+                  ) -> tuple[str, list[dict[str, Any]]]:
+    """The two η arms at the main budget (seed 1) and at twice the steps: the fixed evaluation and the
+    convergence of each, and each 2× run's share of tokens whose energy does not rise over the last of
+    the 4 trained steps (does descent survive longer training?)."""
+    (la, eta_a), (lb, eta_b) = list(ARMS.items())[:2]
+    base = {label: next(s for s in results[label]["seeds"] if s["seed"] == 1) for label in (la, lb)}
+    longer, monotone = {}, {}
+    for label, eta in ((la, eta_a), (lb, eta_b)):
+        where = ex.record_dir(ctx, f"nrgpt_{eta}_2x_s1")
+        entry, _ = _trace_run(where)
+        monotone[label] = entry[TRACE_STEPS[0]]["monotone_from"][-1]
+        longer[label] = {"val_loss": doubled[label]["final_eval"]["value"], "convergence": conv.convergence(where)}
+    steps = {"base": results[la]["steps"], "2x": doubled[la]["steps"]}
+    text, rows = report.budget_check(
+        [(f"{lb} − {la}", steps[k], (pts[la]["val_loss"], pts[la]["convergence"]),
+          (pts[lb]["val_loss"], pts[lb]["convergence"])) for k, pts in (("base", base), ("2x", longer))],
+        "val loss")
+    for row in rows:
+        if row["steps"] == steps["2x"]:
+            row["monotone_last_step"] = {label: monotone[label] for label in (la, lb)}
+    text += (f"\n\nAt {steps['2x']:,} steps, tokens whose energy does not rise over the last of "
+             f"{TRACE_STEPS[0]} steps: " + ", ".join(f"{label} {monotone[label]:.3f}" for label in (la, lb))
+             + " (8 validation sequences, as above).")
+    return text, rows
 
 
 def _difference(results: dict[str, Any]) -> str:

@@ -13,11 +13,13 @@ uses its own best. Every CEM run first sits on a loss plateau; the table gives t
 first evaluation below the midpoint of the first and the final validation loss), the fixed
 validation MSE (whole split, kept weights), the test RMSE per context length, and each arm's
 paired difference (by seed: the same batches) to T=1, to Llama and to the arm one step back
-(:data:`PREVIOUS`: T=4 against T=2, T=8 against T=4, an η-per-step row against the same T).
+(:data:`PREVIOUS`: T=4 against T=2, T=8 against T=4, an η-per-step row against the same T). The
+headline pair (:data:`DOUBLE`: T=2 against T=1) trains once more at twice the steps (seed 1), and a
+last table shows whether the sign and size of its difference survive the longer run.
 
 Budget (idle 2-core CPU, measured at 2 threads: a T=1 run 6.5 min, T=2 11–12, T=4 20, T=8 ≈ 40):
 3 seeds of 5 configurations plus 2 "η per step" rows (1 seed each) at 5,000 steps, 8 family
-sweep runs and 15 per-arm check runs ≈ 7 hours. ``--quick``: 200 tiny sequences of 8 points,
+sweep runs and 15 per-arm check runs ≈ 7 hours; the 2× pair ≈ 40 min more. ``--quick``: 200 tiny sequences of 8 points,
 d_model 16, 20 steps.
 """
 from __future__ import annotations
@@ -45,6 +47,9 @@ ARMS: dict[str, tuple[str, str, dict[str, Any], int]] = {
 #: pay?) and, for the η-per-step rows, the same T with one shared η (what the per-step factor adds)
 PREVIOUS: dict[str, str] = {"cem T=2": "cem T=1", "cem T=4": "cem T=2", "cem T=8": "cem T=4",
                             "cem T=4, η per step": "cem T=4", "cem T=8, η per step": "cem T=8"}
+#: the headline comparison (does the second recursion step help?), trained once more at twice the
+#: steps (seed 1) to show whether its sign and size survive a longer run
+DOUBLE = ("cem T=1", "cem T=2")
 SWEEP_RECIPE = {"cem": "gp/cem_t1.yaml", "llama": "gp/llama.yaml"}
 STEPS, SWEEP_STEPS, LRS = 5000, 1250, (3e-4, 1e-3, 3e-3)
 
@@ -75,8 +80,10 @@ def escape_step(run_dir) -> int | None:
     return next((s for s, v in zip(steps, vals) if v < mid), None)
 
 
-def run_name(label: str, seed: int) -> str:
-    return f"{label.replace(' ', '_').replace('=', '').replace(',', '').replace('η', 'eta')}_s{seed}"
+def run_name(label: str, seed: int, tag: str = "") -> str:
+    """``<slug>[_<tag>]_s<seed>``, e.g. ``cem_T2_s1``, ``cem_T2_2x_s1``."""
+    slug = label.replace(' ', '_').replace('=', '').replace(',', '').replace('η', 'eta')
+    return f"{slug}{f'_{tag}' if tag else ''}_s{seed}"
 
 
 def lr_check(ctx: ex.Context, label: str, family_best: dict[str, float]) -> dict[str, Any]:
@@ -117,6 +124,9 @@ def run(ctx: ex.Context) -> dict[str, Any]:
                                                 config(ctx, recipe, model, lr[label], STEPS, seed))
                        for seed in ctx.seed_list(n_seeds)}
                for label, (recipe, _, model, n_seeds) in ARMS.items()}
+    doubled = {label: ex.train_or_resume(ctx, run_name(label, 1, "2x"),
+                                         config(ctx, ARMS[label][0], ARMS[label][2], lr[label], 2 * STEPS, 1))
+               for label in DOUBLE}
     ex.need_runs(ctx)
     results: dict[str, Any] = {}
     groups: dict[str, list] = {}
@@ -147,6 +157,8 @@ def run(ctx: ex.Context) -> dict[str, Any]:
           "–" if label == "llama" else format_difference(r["vs_llama"]),
           f"vs {r['vs_previous']['arm']}: {format_difference(r['vs_previous'])}" if r["vs_previous"] else "–"]
          for label, r in results.items()])
+    check, check_rows = _budget_check(ctx, results, {"base": trained, "2x": doubled}, test, settings)
+    table += "\n\n" + check
     _plots(ctx, results, floor, groups)
     header = (f"In-context GP regression (x_dim {settings['x_dim']}, length scale {settings['length_scale']}, "
               f"noise {settings['noise']}), RMSE on {floor['n']} test sequences (all positions, per context length), "
@@ -154,11 +166,33 @@ def run(ctx: ex.Context) -> dict[str, Any]:
               "(η-per-step rows: 1 seed); Δ: paired by seed (the same batches for every arm). Escape: first evaluation "
               "below the midpoint of the first and final val loss. " + conv.CONVERGED_NOTE)
     sweep_list = list(sweeps.values()) + [c for c in checks.values() if c]
-    return report.write_results(ctx, table, {"settings": settings, "rows": results, "lr_sweeps": sweep_list,
+    return report.write_results(ctx, table, {"settings": settings, "rows": results, "budget_check": check_rows,
+                                             "lr_sweeps": sweep_list,
                                       "floors": {k: floor[k] for k in ("val_mse_gp_floor", "val_mse_prior",
                                                                        "rmse_gp_floor", "rmse_prior")}},
                             header, "LR sweeps and per-arm checks (seed 1, final val MSE on the whole validation "
                             "split during training):\n\n" + sweep_table(sweep_list))
+
+
+def _budget_check(ctx: ex.Context, results: dict[str, Any], summaries: dict[str, dict[str, Any]], test: np.ndarray,
+                  settings: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """:data:`DOUBLE`'s pair at the main budget (seed 1 of the main runs) and at twice the steps: test RMSE
+    and convergence of each (:func:`energyformer.experiments.report.budget_check`)."""
+    from energyformer.runs.rundir import load_run
+    from energyformer.tasks.gp import evaluate_regressor
+
+    a, b = DOUBLE
+    base = {label: next(s for s in results[label]["seeds"] if s["seed"] == 1) for label in DOUBLE}
+    longer = {}
+    for label in DOUBLE:
+        where = ex.record_dir(ctx, run_name(label, 1, "2x"))
+        net, _, _ = load_run(where, language_model=False)
+        longer[label] = {"rmse_model": evaluate_regressor(net, test, settings)["rmse_model"],
+                         "convergence": conv.convergence(where)}
+    steps = {"base": summaries["base"][a][1]["steps"], "2x": summaries["2x"][a]["steps"]}
+    return report.budget_check(
+        [(f"{b} − {a}", steps[k], (pts[a]["rmse_model"], pts[a]["convergence"]),
+          (pts[b]["rmse_model"], pts[b]["convergence"])) for k, pts in (("base", base), ("2x", longer))], "test RMSE")
 
 
 def _val_floors(val: np.ndarray, settings: dict[str, Any]) -> dict[str, float]:

@@ -166,5 +166,28 @@ def floors_table(floors: Mapping[str, float], unit: str) -> str:
     return markdown_table(["floor", unit], [[k, f"{v:.4f}"] for k, v in floors.items()])
 
 
-__all__ = ["command_line", "corpus_floors", "count_floors", "finish_axes", "floors_table", "markdown_table", "mean_std",
+#: one arm of a budget check: (its value, its convergence record)
+Arm = tuple[float, Mapping[str, Any]]
+
+
+def budget_check(comparisons: Iterable[tuple[str, int, Arm, Arm]], metric: str, note: str = ""
+                 ) -> tuple[str, list[dict[str, Any]]]:
+    """Does a verdict survive twice the steps? (docs/experiments.md §1): one row per comparison ``"B − A"``
+    and budget, each ``(comparison, steps, (A's value, A's convergence), (B's value, B's convergence))``
+    from one seed, so no interval. Returns ``(markdown table, rows for results.json)``."""
+    from energyformer.experiments.convergence import converged_cell
+
+    cells, rows = [], []
+    for comparison, steps, (a, conv_a), (b, conv_b) in comparisons:
+        rows.append({"comparison": comparison, "steps": steps, "a": a, "b": b, "difference": b - a,
+                     "convergence": [conv_a.get("verdict"), conv_b.get("verdict")]})
+        cells.append([comparison, f"{steps:,}", f"{a:.4f}", f"{b:.4f}", f"{b - a:+.4f}",
+                      f"{converged_cell([conv_a])}; {converged_cell([conv_b])}"])
+    head = ["comparison (B − A)", "steps", f"A: {metric}", f"B: {metric}", "Δ (B − A)", "converged (A; B)"]
+    return (f"Does the verdict survive twice the steps? (seed 1, the same schedule shape, one pair per budget, "
+            f"so no interval{note}):\n\n" + markdown_table(head, cells)), rows
+
+
+__all__ = ["budget_check", "command_line", "corpus_floors", "count_floors", "finish_axes", "floors_table",
+           "markdown_table", "mean_std",
            "plot_learning_curves", "pm", "pyplot", "save_figure", "write_results"]

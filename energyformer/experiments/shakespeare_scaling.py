@@ -19,12 +19,16 @@ cooldown, 50 evaluations. The LR of each family is chosen at the middle width (d
 sweep over {3e-4, 1e-3, 3e-3} at 690 steps (seed 1, extended past an edge); every other width checks
 its own LR (the family's best and the half-decades either side, same budget, extended past an edge)
 and trains at its own best: the d 64 LR does not carry to d 128 (GPT_Rec_parallel at 3e-2 stayed
-at ≈ 2.45 nats for all 2,750 steps). Two seeds per width (paired: the same batches).
+at ≈ 2.45 nats for all 2,750 steps). Two seeds per width (paired: the same batches). The headline
+pair (:data:`DOUBLE`: NRGPT FF2W against GPT at the widest width) trains once more at twice the steps
+(seed 1, ≈ 114 epochs), after seed 1 and before seed 2, and a last table shows whether the sign and
+size of their difference in gap growth and val loss survive the longer run.
 
 Budget: the training FLOPs per token (``models/flops.py``) of the three models sum to ≈ 1.8, 5.8
 and 20 MFLOP at d_model 32, 64 and 128 (at 256 they would be 75: d 256 alone would cost three times
 the rest), so the 18 runs of 11.3 M tokens and the 9 sweep runs cost ≈ 6 single-thread CPU-hours
-at the ≈ 3.5 × 10¹⁰ FLOP/s one core sustains on these models (``--jobs 2`` halves the wall time).
+at the ≈ 3.5 × 10¹⁰ FLOP/s one core sustains on these models (``--jobs 2`` halves the wall time);
+the 2× pair ≈ 1.8 more.
 Overfitting is a matter of parameters per training character, so halving the slice (0.5 → 0.25 MB)
 and the widths (64–256 → 32–128) keeps the design's range of that ratio at a fifth of its cost.
 ``--quick``: the docstring corpus, d_model 16, 20 steps.
@@ -47,6 +51,9 @@ MODELS: dict[str, str] = {
 SLICE_BYTES = 250_000
 STEPS, SWEEP_STEPS, LRS, SWEEP_WIDTH = 2750, 690, (3e-4, 1e-3, 3e-3), 64
 DEFAULT_SEEDS = 2
+#: the headline pair (does NRGPT overfit less than GPT?), trained once more at the widest width for
+#: twice the steps (seed 1) to show whether the sign and size of the difference survive a longer run
+DOUBLE = ("GPT", "NRGPT FF2W")
 #: every HOLD_OUT-th speech of the slice's training part is the same-play validation split
 HOLD_OUT = 10
 
@@ -66,6 +73,11 @@ def data_sections(ctx: ex.Context) -> tuple[dict[str, Any], str]:
         source = str(prepare_dataset("shakespeare_char", out_root=root, slice_bytes=SLICE_BYTES, verbose=False))
     out = prepare_speech_split(source, f"{source}_speeches", every=HOLD_OUT)
     return {"dataset": out.name, "root": str(out.parent)}, source
+
+
+def run_name(label: str, width: int, seed: int, tag: str = "") -> str:
+    """``<model>_d<width>[_<tag>]_s<seed>``, e.g. ``NRGPT_FF2W_d128_s1``, ``GPT_d128_2x_s1``."""
+    return f"{label.replace(' ', '_')}_d{width}{f'_{tag}' if tag else ''}_s{seed}"
 
 
 def gap_growth(run_dir, epoch_steps: float) -> dict[str, Any]:
@@ -112,28 +124,47 @@ def run(ctx: ex.Context) -> dict[str, Any]:
     ex.need_runs(ctx)
     lrs = {(label, width): (checks.get((label, width)) or sweeps[label])["best_lr"]
            for label in MODELS for width in widths}
-    name = lambda label, width, seed: f"{label.replace(' ', '_')}_d{width}_s{seed}"  # noqa: E731
     # seed-major, widest first: a queue cut short keeps whole seeds (every model and width, paired), and
     # with --jobs N the long runs start first
     cfgs = {(label, width, seed): config(ctx, recipe, width, lrs[(label, width)], STEPS, seed, data)
             for seed in ctx.seed_list(DEFAULT_SEEDS) for width in sorted(widths, reverse=True)
             for label, recipe in MODELS.items()}
-    trained = {key: ex.train_or_resume(ctx, name(*key), cfg) for key, cfg in cfgs.items()}
+    # the headline pair at twice the steps trains after seed 1 and before the further seeds (a budget cut
+    # drops those first)
+    widest = max(widths)
+    doubled_cfgs = {label: config(ctx, MODELS[label], widest, lrs[(label, widest)], 2 * STEPS, 1, data)
+                    for label in DOUBLE}
+
+    def train_doubled() -> dict[str, Any]:
+        return {label: ex.train_or_resume(ctx, run_name(label, widest, 1, "2x"), c)
+                for label, c in doubled_cfgs.items()}
+
+    trained: dict[tuple[str, int, int], Any] = {}
+    doubled: dict[str, Any] | None = None
+    for key, cfg in cfgs.items():
+        if key[2] != 1 and doubled is None:
+            doubled = train_doubled()
+        trained[key] = ex.train_or_resume(ctx, run_name(*key), cfg)
+    if doubled is None:
+        doubled = train_doubled()
     ex.need_runs(ctx)
     n_train = load_meta(f"{data['root']}/{data['dataset']}")["n_train"]
     results, rows, groups = {}, [], {}
-    for (label, width, seed), s in sorted(trained.items(), key=lambda kv: (list(MODELS).index(kv[0][0]), kv[0][1:])):
-        where = ex.record_dir(ctx, name(label, width, seed))
-        groups.setdefault(f"{label} d{width}", []).append(where)
-        tr = cfgs[(label, width, seed)]["train"]
-        epoch_steps = n_train / (tr["batch_size"] * cfgs[(label, width, seed)]["model"]["block_size"])
+
+    def measure(run: str, s: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+        where = ex.record_dir(ctx, run)
+        epoch_steps = n_train / (cfg["train"]["batch_size"] * cfg["model"]["block_size"])
         model, _, meta = load_run(where)
         cross = val_loss(model, cross_dir, load_tokenizer(meta), batch_size=32)["loss"]
+        return {"params": s["params"], "steps": s["steps"], "best_val_loss": s["best_val_loss"],
+                "val_same": s["final_eval"]["value"], "val_cross": cross, "train_loss": s["final_train_loss"],
+                "gap": gap_growth(where, epoch_steps),
+                "epochs": cfg["train"]["max_steps"] / epoch_steps, "convergence": conv.convergence(where)}
+
+    for (label, width, seed), s in sorted(trained.items(), key=lambda kv: (list(MODELS).index(kv[0][0]), kv[0][1:])):
+        groups.setdefault(f"{label} d{width}", []).append(ex.record_dir(ctx, run_name(label, width, seed)))
         results.setdefault(label, []).append(
-            {"width": width, "seed": seed, "params": s["params"], "best_val_loss": s["best_val_loss"],
-             "val_same": s["final_eval"]["value"], "val_cross": cross, "train_loss": s["final_train_loss"],
-             "gap": gap_growth(where, epoch_steps), "epochs": tr["max_steps"] / epoch_steps,
-             "convergence": conv.convergence(where)})
+            {"width": width, "seed": seed, **measure(run_name(label, width, seed), s, cfgs[(label, width, seed)])})
     for label, rs in results.items():
         for width in widths:
             got = [r for r in rs if r["width"] == width]
@@ -153,6 +184,9 @@ def run(ctx: ex.Context) -> dict[str, Any]:
             diffs.append([f"{label} − GPT", width, format_difference(paired_difference(ref, mine))])
     table += "\n\n" + report.markdown_table(["gap growth", "d_model", "difference (paired by seed, 95% interval)"],
                                             diffs)
+    longer = {label: measure(run_name(label, widest, 1, "2x"), doubled[label], c) for label, c in doubled_cfgs.items()}
+    check, check_rows = _budget_check(results, longer, widest)
+    table += "\n\n" + check
     floors = report.count_floors(data, ctx)
     table += "\n\n" + report.floors_table(floors, "val loss, same plays (nats/char)")
     _plots(ctx, results, groups, floors)
@@ -163,10 +197,26 @@ def run(ctx: ex.Context) -> dict[str, Any]:
               "curve (the same 10 batches of each split at every evaluation); its growth after the first epoch is "
               "overfitting, a cross-play gap present from the start is the split. " + conv.CONVERGED_NOTE)
     sweep_list = list(sweeps.values()) + list(checks.values())
-    return report.write_results(ctx, table, {"rows": results, "lr_sweeps": sweep_list, "floors": floors}, header,
+    return report.write_results(ctx, table, {"rows": results, "budget_check": check_rows,
+                                             "budget_check_runs": longer, "lr_sweeps": sweep_list,
+                                             "floors": floors}, header,
                             f"LR sweeps (d_model {sweep_width}) and each other width's own check (seed 1, the sweep's "
                             "steps, final val loss on the same-play split):\n\n"
                             + sweep_table(sweep_list))
+
+
+def _budget_check(results: dict[str, list[dict[str, Any]]], longer: dict[str, dict[str, Any]], width: int
+                  ) -> tuple[str, list[dict[str, Any]]]:
+    """:data:`DOUBLE`'s pair at ``width``, seed 1, at the main budget and at twice the steps: the growth of
+    the same-play gap and the same-play val loss of each (:func:`energyformer.experiments.report.budget_check`)."""
+    a, b = DOUBLE
+    base = {label: next(r for r in results[label] if r["width"] == width and r["seed"] == 1) for label in DOUBLE}
+    comparisons = []
+    for what, get in (("gap growth", lambda r: r["gap"]["growth"]), ("val loss, same plays", lambda r: r["val_same"])):
+        for pts in (base, longer):
+            comparisons.append((f"{b} − {a}, d {width}: {what}", pts[a]["steps"],
+                                (get(pts[a]), pts[a]["convergence"]), (get(pts[b]), pts[b]["convergence"])))
+    return report.budget_check(comparisons, "nats")
 
 
 def _plots(ctx: ex.Context, results: dict[str, Any], groups, floors) -> None:

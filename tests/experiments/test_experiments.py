@@ -74,6 +74,28 @@ def test_experiment_quick(name, tmp_path, capsys, monkeypatch):
         assert 0 < f["val_mse_gp_floor"] < f["val_mse_prior"] and f["val_mse_gp_floor"] != f["rmse_gp_floor"] ** 2
         assert f"| GP posterior mean (Bayes floor) | – | – | – | – | – | {f['val_mse_gp_floor']:.4f} | " \
                f"{f['rmse_gp_floor']:.4f} |" in table
+    if name in ("gp_recursion", "energy_descent", "shakespeare_scaling"):
+        # the headline pair once more at twice the steps, beside the same pair (seed 1) at the main budget
+        checks = results["budget_check"]
+        assert len(checks) >= 2 and len({r["steps"] for r in checks}) == 1  # --quick: both budgets are 20 steps
+        for r in checks:
+            assert r["difference"] == r["b"] - r["a"]
+            assert f"| {r['comparison']} | {r['steps']:,} | {r['a']:.4f} | {r['b']:.4f} | {r['difference']:+.4f} |" \
+                in table
+        assert sum("_2x_" in r for r in runs) == 2, runs
+    if name == "gp_recursion":  # the base row is the main runs' seed 1 (--quick trains the 2× runs for the
+        # same 20 steps, so their RMSE equals it)
+        base, _ = results["budget_check"]
+        assert base["a"] == results["rows"]["cem T=1"]["seeds"][0]["rmse_model"]
+        assert base["b"] == results["rows"]["cem T=2"]["seeds"][0]["rmse_model"]
+    if name == "energy_descent":  # the 2× rows read the 2× runs' fixed evaluation and trace their descent
+        base, longer = results["budget_check"]
+        rows = list(results["rows"].values())
+        assert (base["a"], base["b"]) == (rows[0]["seeds"][0]["val_loss"], rows[1]["seeds"][0]["val_loss"])
+        kept = [json.loads((out / "runs" / f"nrgpt_{eta}_2x_s1" / "final_eval.json").read_text())["value"]
+                for eta in ("c_diag_gamma", "full")]
+        assert [longer["a"], longer["b"]] == kept
+        assert all(0 <= v <= 1 for v in longer["monotone_last_step"].values())
     if name == "shakespeare_scaling":  # every width trains at its own checked LR (d 64's failed at d 128)
         from energyformer.runs.config import load_config
 
@@ -457,6 +479,29 @@ def test_cem_ablation_queues_its_runs_most_informative_first(tmp_path, monkeypat
     assert base and first and checks and more, order
     assert max(base) < min(first) and max(first) < min(checks) and max(checks) < min(more), order
     assert len(first) == len(more) == len(ca.WIDTH_FAMILIES) * (len(ca.widths(ctx)) - 1)
+
+
+def test_shakespeare_scaling_queues_the_2x_pair_after_seed_1_and_before_seed_2(tmp_path, monkeypatch):
+    """A budget cut drops the further seeds first, not the check of the headline pair at twice the steps,
+    and the 2× pair trains at the widest width at that width's own LR, for twice the main steps."""
+    from energyformer.experiments import shakespeare_scaling as ss
+
+    ctx = Context("shakespeare_scaling", quick=True, seeds=2, work_dir=tmp_path, verbose=False)
+    ctx.deferred = True
+    lrs = {"NRGPT_FF2W_d24": 3e-3, "GPT_d24": 2e-2}
+    monkeypatch.setattr(ss, "lr_sweep", lambda ctx, family, *a, **k: {"best_lr": lrs.get(family, 1e-3)})
+    calls = []
+    real = ss.config
+    monkeypatch.setattr(ss, "config", lambda *a, **k: calls.append(a) or real(*a, **k))
+    with pytest.raises(common.PendingRuns):
+        ss.run(ctx)
+    order = list(ctx.pending)
+    doubled = [i for i, n in enumerate(order) if "_2x_" in n]
+    assert [order[i] for i in doubled] == ["GPT_d24_2x_s1", "NRGPT_FF2W_d24_2x_s1"]
+    assert max(i for i, n in enumerate(order) if n.endswith("_s1") and "_2x_" not in n) < min(doubled)
+    assert max(doubled) < min(i for i, n in enumerate(order) if n.endswith("_s2"))
+    twice = [a for a in calls if a[4] == 2 * ss.STEPS]
+    assert sorted((a[2], a[3], a[5]) for a in twice) == [(24, 0.003, 1), (24, 0.02, 1)]
 
 
 def test_cem_ablation_matched_gap_reads_the_reference_curve_per_seed():
