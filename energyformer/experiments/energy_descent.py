@@ -21,7 +21,7 @@ paired over :data:`LR_COST_SEEDS` seeds at the sweep's budget; the earlier fixed
 
 Budget (idle 2-core CPU, ≈ 20k tokens/s): 9 sweep runs (one more for each sweep extended past an
 edge) and 18 LR-cost runs of 1,250 steps, and 2 arms × 2 seeds of 5,000 steps ≈ 3.5 hours; the 2× pair
-≈ 1.7 single-thread CPU-hours more.
+≈ 2.6 hours more (measured: a 5,000-step pair took 33 + 44 min).
 ``--quick``: the docstring corpus, d_model 16, 20 steps, seconds.
 """
 from __future__ import annotations
@@ -199,23 +199,24 @@ def _budget_check(ctx: ex.Context, results: dict[str, Any], doubled: dict[str, d
     the 4 trained steps (does descent survive longer training?)."""
     (la, eta_a), (lb, eta_b) = list(ARMS.items())[:2]
     base = {label: next(s for s in results[label]["seeds"] if s["seed"] == 1) for label in (la, lb)}
-    longer, monotone = {}, {}
+    last = lambda trace: trace[TRACE_STEPS[0]]["monotone_from"][-1]  # noqa: E731
+    longer = {}
     for label, eta in ((la, eta_a), (lb, eta_b)):
         where = ex.record_dir(ctx, f"nrgpt_{eta}_2x_s1")
         entry, _ = _trace_run(where)
-        monotone[label] = entry[TRACE_STEPS[0]]["monotone_from"][-1]
-        longer[label] = {"val_loss": doubled[label]["final_eval"]["value"], "convergence": conv.convergence(where)}
+        longer[label] = {"val_loss": doubled[label]["final_eval"]["value"], "convergence": conv.convergence(where),
+                         "trace": entry}
     steps = {"base": results[la]["steps"], "2x": doubled[la]["steps"]}
     text, rows = report.budget_check(
         [(f"{lb} − {la}", steps[k], (pts[la]["val_loss"], pts[la]["convergence"]),
           (pts[lb]["val_loss"], pts[lb]["convergence"])) for k, pts in (("base", base), ("2x", longer))],
         "val loss")
-    for row in rows:
-        if row["steps"] == steps["2x"]:
-            row["monotone_last_step"] = {label: monotone[label] for label in (la, lb)}
-    text += (f"\n\nAt {steps['2x']:,} steps, tokens whose energy does not rise over the last of "
-             f"{TRACE_STEPS[0]} steps: " + ", ".join(f"{label} {monotone[label]:.3f}" for label in (la, lb))
-             + " (8 validation sequences, as above).")
+    for row, pts in zip(rows, (base, longer)):  # rows come in the order given: the main budget, then 2×
+        row["monotone_last_step"] = {label: last(pts[label]["trace"]) for label in (la, lb)}
+    text += (f"\n\nTokens whose energy does not rise over the last of the {TRACE_STEPS[0]} trained steps (seed 1, "
+             "the 8 validation sequences above): "
+             + "; ".join(f"{label} {rows[0]['monotone_last_step'][label]:.3f} at {steps['base']:,} steps, "
+                         f"{rows[1]['monotone_last_step'][label]:.3f} at {steps['2x']:,}" for label in (la, lb)) + ".")
     return text, rows
 
 

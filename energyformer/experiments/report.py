@@ -167,25 +167,29 @@ def floors_table(floors: Mapping[str, float], unit: str) -> str:
 
 
 #: one arm of a budget check: (its value, its convergence record)
-Arm = tuple[float, Mapping[str, Any]]
+Arm = tuple["float | None", Mapping[str, Any]]
 
 
-def budget_check(comparisons: Iterable[tuple[str, int, Arm, Arm]], metric: str, note: str = ""
-                 ) -> tuple[str, list[dict[str, Any]]]:
+def budget_check(comparisons: Iterable[tuple[str, int, Arm, Arm]], metric: str) -> tuple[str, list[dict[str, Any]]]:
     """Does a verdict survive twice the steps? (docs/experiments.md §1): one row per comparison ``"B − A"``
     and budget, each ``(comparison, steps, (A's value, A's convergence), (B's value, B's convergence))``
-    from one seed, so no interval. Returns ``(markdown table, rows for results.json)``."""
+    from one seed, so no interval; a missing value (``None``) shows as "–" and has no difference. Returns
+    ``(markdown table, rows for results.json)``."""
     from energyformer.experiments.convergence import converged_cell
+
+    def cell(v: float | None, fmt: str) -> str:
+        return "–" if v is None or not math.isfinite(v) else format(v, fmt)
 
     cells, rows = [], []
     for comparison, steps, (a, conv_a), (b, conv_b) in comparisons:
-        rows.append({"comparison": comparison, "steps": steps, "a": a, "b": b, "difference": b - a,
+        diff = None if a is None or b is None else b - a
+        rows.append({"comparison": comparison, "steps": steps, "a": a, "b": b, "difference": diff,
                      "convergence": [conv_a.get("verdict"), conv_b.get("verdict")]})
-        cells.append([comparison, f"{steps:,}", f"{a:.4f}", f"{b:.4f}", f"{b - a:+.4f}",
+        cells.append([comparison, f"{steps:,}", cell(a, ".4f"), cell(b, ".4f"), cell(diff, "+.4f"),
                       f"{converged_cell([conv_a])}; {converged_cell([conv_b])}"])
     head = ["comparison (B − A)", "steps", f"A: {metric}", f"B: {metric}", "Δ (B − A)", "converged (A; B)"]
-    return (f"Does the verdict survive twice the steps? (seed 1, the same schedule shape, one pair per budget, "
-            f"so no interval{note}):\n\n" + markdown_table(head, cells)), rows
+    return ("Does the verdict survive twice the steps? (seed 1, the same schedule shape, one pair per budget, "
+            "so no interval):\n\n" + markdown_table(head, cells)), rows
 
 
 __all__ = ["budget_check", "command_line", "corpus_floors", "count_floors", "finish_axes", "floors_table",

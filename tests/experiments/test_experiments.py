@@ -96,6 +96,8 @@ def test_experiment_quick(name, tmp_path, capsys, monkeypatch):
                 for eta in ("c_diag_gamma", "full")]
         assert [longer["a"], longer["b"]] == kept
         assert all(0 <= v <= 1 for v in longer["monotone_last_step"].values())
+        for label, r in results["rows"].items():  # the base row's descent is seed 1's own trace at 4 steps
+            assert base["monotone_last_step"][label] == r["seeds"][0]["trace"]["4"]["monotone_from"][-1]
     if name == "shakespeare_scaling":  # every width trains at its own checked LR (d 64's failed at d 128)
         from energyformer.runs.config import load_config
 
@@ -479,6 +481,17 @@ def test_cem_ablation_queues_its_runs_most_informative_first(tmp_path, monkeypat
     assert base and first and checks and more, order
     assert max(base) < min(first) and max(first) < min(checks) and max(checks) < min(more), order
     assert len(first) == len(more) == len(ca.WIDTH_FAMILIES) * (len(ca.widths(ctx)) - 1)
+
+
+def test_budget_check_rows_and_a_missing_value():
+    from energyformer.experiments.report import budget_check
+
+    conv = {"verdict": "no", "slope_per_1k": -0.02, "slope_se_per_1k": 0.005}
+    text, rows = budget_check([("B − A", 5000, (1.5, conv), (1.4, conv)), ("B − A", 10000, (None, {}), (1.3, conv))],
+                              "val loss")
+    assert rows[0]["difference"] == 1.4 - 1.5 and rows[1]["difference"] is None
+    assert "| B − A | 5,000 | 1.5000 | 1.4000 | -0.1000 | no (-0.020 ± 0.005/1k); no (-0.020 ± 0.005/1k) |" in text
+    assert "| B − A | 10,000 | – | 1.3000 | – | –; no" in text
 
 
 def test_shakespeare_scaling_queues_the_2x_pair_after_seed_1_and_before_seed_2(tmp_path, monkeypatch):
