@@ -16,7 +16,8 @@ LR sensitivity (the NRGPT paper reports NRGPT as more sensitive to its hyperpara
 recurrent GPT): GPT_Rec_parallel (``configs/shakespeare_char/gpt_rec_parallel.yaml``) at the same
 shape (d_model 64, 4 heads, 4 steps) is swept over the same LRs at the same 1,250 steps. Measured
 as the paper means it: from each family's best LR, the loss cost (fixed evaluation) of ÷3 and ×3,
-paired over :data:`LR_COST_SEEDS` seeds at the sweep's budget; the earlier fixed-grid spread
+paired over :data:`LR_COST_SEEDS` seeds at the sweep's budget, and each NRGPT arm's cost minus
+GPT_Rec_parallel's, paired by seed (:func:`cost_against`); the earlier fixed-grid spread
 (worst − best over 3e-4, 1e-3, 3e-3) is kept beside it.
 
 Budget (idle 2-core CPU, ≈ 20k tokens/s): 9 sweep runs (one more for each sweep extended past an
@@ -129,14 +130,29 @@ def lr_cost_runs(ctx: ex.Context, family: str, make_cfg, best: float) -> dict[fl
 
 
 def lr_cost(runs: dict[float, dict[int, dict[str, Any]]]) -> dict[str, Any]:
-    """The loss cost (fixed evaluation) of ÷3 and ×3 from the best LR, paired by seed."""
+    """The loss cost (fixed evaluation) of ÷3 and ×3 from the best LR, paired by seed, and each seed's
+    cost (``cost_by_seed``: ``{"down" | "up": {seed: loss there − loss at the best LR}}``)."""
     from energyformer.experiments.stats import paired_difference
 
     down, best, up = sorted(runs)
     at = {lr: {seed: (s.get("final_eval") or {}).get("value", math.inf) if not s.get("diverged") else math.inf
                for seed, s in by_seed.items()} for lr, by_seed in runs.items()}
+    by_seed = {way: {seed: at[lr][seed] - at[best][seed] for seed in at[best] if seed in at[lr]}
+               for way, lr in (("down", down), ("up", up))}
     return {"lrs": [down, best, up], "loss": {f"{lr:g}": at[lr] for lr in (down, best, up)},
-            "down": paired_difference(at[best], at[down]), "up": paired_difference(at[best], at[up])}
+            "down": paired_difference(at[best], at[down]), "up": paired_difference(at[best], at[up]),
+            "cost_by_seed": by_seed}
+
+
+def cost_against(rows: dict[str, dict[str, Any]], baseline: str = "gpt_rec_parallel") -> dict[str, dict[str, Any]]:
+    """Each family's LR cost minus ``baseline``'s, paired by seed, for ÷3 (``down``) and ×3 (``up``): the
+    direct test of "more sensitive than a recurrent GPT" (positive: the family pays more for the same
+    LR error). ``rows``: family → :func:`lr_cost`."""
+    from energyformer.experiments.stats import paired_difference
+
+    ref = rows[baseline]["cost_by_seed"]
+    return {fam: {way: paired_difference(ref[way], r["cost_by_seed"][way]) for way in ("down", "up")}
+            for fam, r in rows.items() if fam != baseline}
 
 
 def run(ctx: ex.Context) -> dict[str, Any]:
@@ -171,6 +187,7 @@ def run(ctx: ex.Context) -> dict[str, Any]:
     sweep_list = list(sweeps.values())
     sensitivity, sensitivity_rows = lr_sensitivity(sweep_list)
     cost_rows = {fam: lr_cost(c) for fam, c in costs.items()}
+    against = cost_against(cost_rows)
     floors = report.count_floors(ex.char_data(ctx), ctx)
     check, check_rows = _budget_check(ctx, results, doubled)
     table = (_table(results) + "\n\n" + _difference(results) + "\n\n" + check + "\n\n"
@@ -183,12 +200,13 @@ def run(ctx: ex.Context) -> dict[str, Any]:
               + sweep_table(sweep_list)
               + "\n\nLR sensitivity as the NRGPT paper means it: the loss cost of ÷3 and ×3 from each family's best LR "
               f"(fixed evaluation, {SWEEP_STEPS:,} steps, paired over {1 if ctx.quick else LR_COST_SEEDS} seeds, 95% "
-              "t-interval):\n\n" + _cost_table(cost_rows)
+              "t-interval):\n\n" + _cost_table(cost_rows, against)
               + f"\n\nThe earlier reading, on a fixed grid (sweep runs, seed 1; spread = worst − best over "
               f"{', '.join(f'{lr:g}' for lr in LRS)}):\n\n" + sensitivity)
     return report.write_results(ctx, table, {"rows": _jsonable(results), "budget_check": check_rows,
                                          "lr_sweeps": sweep_list,
-                                         "lr_sensitivity": sensitivity_rows, "lr_cost": cost_rows, "floors": floors},
+                                         "lr_sensitivity": sensitivity_rows, "lr_cost": cost_rows,
+                                         "lr_cost_vs_gpt_rec_parallel": against, "floors": floors},
                             header, footer)
 
 
@@ -230,12 +248,15 @@ def _difference(results: dict[str, Any]) -> str:
                              [[f"{lb} − {la}", format_difference(d)]])
 
 
-def _cost_table(rows: dict[str, Any]) -> str:
+def _cost_table(rows: dict[str, Any], against: dict[str, Any]) -> str:
     from energyformer.experiments.stats import format_difference
 
-    cells = [[fam, f"{r['lrs'][1]:g}", format_difference(r["down"]), format_difference(r["up"])]
-             for fam, r in rows.items()]
-    return report.markdown_table(["family", "best LR", "cost of ÷3", "cost of ×3"], cells)
+    vs = lambda fam, way: format_difference(against[fam][way]) if fam in against else "–"  # noqa: E731
+    cells = [[fam, f"{r['lrs'][1]:g}", format_difference(r["down"]), format_difference(r["up"]), vs(fam, "down"),
+              vs(fam, "up")] for fam, r in rows.items()]
+    return report.markdown_table(["family", "best LR", "cost of ÷3", "cost of ×3",
+                                  "÷3: cost − GPT_Rec_parallel's (paired)", "×3: cost − GPT_Rec_parallel's (paired)"],
+                                 cells)
 
 
 def _table(results: dict[str, Any]) -> str:

@@ -315,6 +315,26 @@ def test_lr_sensitivity_spreads_are_read_from_the_sweeps():
     assert "| nrgpt_full | 2.2000 | 1.9000 | 1.8000 | 0.4000 | 22.2% |" in table
 
 
+def test_lr_cost_per_seed_and_against_the_recurrent_gpt():
+    """The LR cost is each seed's loss at ÷3 / ×3 minus its loss at the best LR (fixed evaluation), and the
+    sensitivity claim is the family's cost minus GPT_Rec_parallel's, paired by seed."""
+    from energyformer.experiments.energy_descent import cost_against, lr_cost
+
+    def runs(losses):  # lr -> (seed 1, seed 2) losses
+        return {lr: {seed: {"final_eval": {"value": v}} for seed, v in zip((1, 2), vs)} for lr, vs in losses.items()}
+
+    nrgpt = lr_cost(runs({1e-3: (2.0, 2.1), 3e-3: (1.9, 1.9), 1e-2: (2.3, 2.2)}))
+    diverged = {3e-2: {1: {"diverged": True}, 2: {"final_eval": {"value": 1.83}}}}
+    rec = lr_cost({**runs({3e-3: (1.85, 1.82), 1e-2: (1.80, 1.81)}), **diverged})
+    assert nrgpt["cost_by_seed"]["down"] == pytest.approx({1: 0.1, 2: 0.2})
+    assert nrgpt["cost_by_seed"]["up"] == pytest.approx({1: 0.4, 2: 0.3})
+    assert rec["cost_by_seed"]["up"][1] == float("inf"), "a diverged run costs without bound"
+    vs = cost_against({"nrgpt": nrgpt, "gpt_rec_parallel": rec})
+    assert list(vs) == ["nrgpt"]
+    assert vs["nrgpt"]["down"]["mean"] == pytest.approx(((0.1 - 0.05) + (0.2 - 0.01)) / 2)
+    assert vs["nrgpt"]["down"]["n"] == 2
+
+
 def test_listops_more_seeds_go_to_the_widths_beside_the_transition():
     from energyformer.experiments.listops_transition import next_to_transition
 
