@@ -142,9 +142,14 @@ def init_distributed(device: str, parallel: str = "ddp") -> DistInfo:
     return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=dev, parallel=parallel)
 
 
-def shutdown(info: DistInfo) -> None:
-    """Leave the process group (if this process joined one)."""
+def shutdown(info: DistInfo, synchronize: bool = True) -> None:
+    """Leave the process group (if this process joined one). With ``synchronize`` (a clean exit) every
+    rank first waits at a barrier, so that no rank tears down its Gloo connections while another still
+    has work in flight on them (that race aborted a rank: "terminate called without an active
+    exception"); after an error pass ``False``: the other ranks may never arrive."""
     if info.enabled and tdist.is_initialized():
+        if synchronize and info.world_size > 1:
+            tdist.barrier()
         tdist.destroy_process_group()
 
 

@@ -116,10 +116,13 @@ def train(run_cfg: RunConfig, *, progress: bool | None = None) -> dict[str, Any]
         CheckpointWriteError: a checkpoint could not be written (the last one is kept).
     """
     info = dist.init_distributed(run_cfg.train.device, run_cfg.train.parallel)
+    clean = False
     try:
-        return _train(run_cfg, info, progress)
+        out = _train(run_cfg, info, progress)
+        clean = True
+        return out
     finally:
-        dist.shutdown(info)
+        dist.shutdown(info, synchronize=clean)
 
 
 def _train(run_cfg: RunConfig, info: dist.DistInfo, progress: bool | None) -> dict[str, Any]:
