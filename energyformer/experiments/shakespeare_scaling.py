@@ -35,6 +35,7 @@ and the widths (64–256 → 32–128) keeps the design's range of that ratio at
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from energyformer.experiments import common as ex
@@ -93,6 +94,44 @@ def gap_growth(run_dir, epoch_steps: float) -> dict[str, Any]:
     return {"epoch1_step": first["step"], "epoch1": g1, "final": g2, "growth": g2 - g1}
 
 
+#: what the differences table compares, read from one row of the results
+GAP_METRICS: dict[str, Callable[[dict[str, Any]], float | None]] = {
+    "gap_growth": lambda r: r["gap"]["growth"],
+    "val_same": lambda r: r["val_same"],
+}
+
+
+def matched_difference(results: dict[str, list[dict[str, Any]]], label: str, width: int,
+                       metric: Callable[[dict[str, Any]], float | None], ref: str = "GPT"
+                       ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``label`` at ``width`` minus ``ref``, paired by seed (:func:`energyformer.experiments.stats.paired_difference`):
+    at the same width, and at equal parameters, where ``ref``'s curve over its widths (same seed, linear in
+    log parameters) is read at ``label``'s parameter count, with no reading outside ``ref``'s widths.
+
+    Args:
+        results: label → rows with ``"width"``, ``"seed"``, ``"params"`` and what ``metric`` reads.
+        metric: the value compared, e.g. the growth of the same-play gap; ``None`` drops that row.
+
+    Returns:
+        ``(equal_width, equal_parameters)``, each ``{"mean", "lo", "hi", "sd", "n", "seeds"}``.
+    """
+    from energyformer.experiments.stats import interpolate_log, paired_difference
+
+    mine = {r["seed"]: r for r in results.get(label, []) if r["width"] == width and metric(r) is not None}
+    refs = [r for r in results.get(ref, []) if metric(r) is not None]
+    same = {r["seed"]: metric(r) for r in refs if r["width"] == width}
+    at_a, at_b = {}, {}
+    for seed, r in mine.items():
+        curve = sorted((q["params"], metric(q)) for q in refs if q["seed"] == seed)
+        if len(curve) < 2:
+            continue
+        at = interpolate_log([c[0] for c in curve], [c[1] for c in curve], r["params"])
+        if at is not None:
+            at_a[seed], at_b[seed] = at, metric(r)
+    return (paired_difference(same, {s: metric(r) for s, r in mine.items()}),
+            paired_difference(at_a, at_b))
+
+
 def config(ctx: ex.Context, recipe: str, width: int, lr: float, steps: int, seed: int,
            data: dict[str, Any]) -> dict[str, Any]:
     model = {"d_model": width, "n_heads": 4, "dropout": 0.1}
@@ -106,7 +145,7 @@ def run(ctx: ex.Context) -> dict[str, Any]:
     from energyformer.data import load_tokenizer
     from energyformer.data.meta import load_meta
     from energyformer.eval.suite import val_loss
-    from energyformer.experiments.stats import format_difference, paired_difference
+    from energyformer.experiments.stats import format_difference
     from energyformer.runs.rundir import load_run
 
     data, cross_dir = data_sections(ctx)
@@ -175,15 +214,18 @@ def run(ctx: ex.Context) -> dict[str, Any]:
                          conv.converged_cell([g["convergence"] for g in got])])
     table = report.markdown_table(["model", "d_model", "params", "LR", "val loss, same plays", "val loss, other plays",
                                "gap after epoch 1", "gap at the end", "gap growth", "converged"], rows)
-    growth = {(r["seed"], r["width"]): r["gap"]["growth"] for r in results.get("GPT", [])}
-    diffs = []
+    diffs, differences = [], []
     for label in ("NRGPT FF2W", "GPT_Rec_parallel"):
         for width in widths:
-            mine = {r["seed"]: r["gap"]["growth"] for r in results.get(label, []) if r["width"] == width}
-            ref = {seed: g for (seed, w), g in growth.items() if w == width}
-            diffs.append([f"{label} − GPT", width, format_difference(paired_difference(ref, mine))])
-    table += "\n\n" + report.markdown_table(["gap growth", "d_model", "difference (paired by seed, 95% interval)"],
-                                            diffs)
+            got = {what: matched_difference(results, label, width, key) for what, key in GAP_METRICS.items()}
+            differences.append({"comparison": f"{label} − GPT", "width": width, **got})
+            diffs.append([f"{label} − GPT", width] + [format_difference(d) for pair in got.values() for d in pair])
+    table += ("\n\n" + "Differences from GPT (paired by seed, 95% interval; negative: less overfitting, or lower "
+              "loss). Equal width: GPT at the same d_model. Equal parameters: GPT's curve over its widths, same seed, "
+              "read (linear in log parameters) at the model's parameter count; – outside GPT's widths:\n\n"
+              + report.markdown_table(["comparison", "d_model", "gap growth, equal width",
+                                       "gap growth, equal parameters", "val loss (same plays), equal width",
+                                       "val loss (same plays), equal parameters"], diffs))
     longer = {label: measure(run_name(label, widest, 1, "2x"), doubled[label], c) for label, c in doubled_cfgs.items()}
     check, check_rows = _budget_check(results, longer, widest)
     table += "\n\n" + check
@@ -197,7 +239,8 @@ def run(ctx: ex.Context) -> dict[str, Any]:
               "curve (the same 10 batches of each split at every evaluation); its growth after the first epoch is "
               "overfitting, a cross-play gap present from the start is the split. " + conv.CONVERGED_NOTE)
     sweep_list = list(sweeps.values()) + list(checks.values())
-    return report.write_results(ctx, table, {"rows": results, "budget_check": check_rows,
+    return report.write_results(ctx, table, {"rows": results, "differences": differences,
+                                             "budget_check": check_rows,
                                              "budget_check_runs": longer, "lr_sweeps": sweep_list,
                                              "floors": floors}, header,
                             f"LR sweeps (d_model {sweep_width}) and each other width's own check (seed 1, the sweep's "

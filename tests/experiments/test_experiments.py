@@ -109,6 +109,13 @@ def test_experiment_quick(name, tmp_path, capsys, monkeypatch):
                 cfg = load_config(out / "runs" / f"{slug}_d{r['width']}_s1" / "config.yaml")
                 assert cfg.train.learning_rate == want
                 assert f"| {label} | {r['width']} | {r['params']:,} | {want:g} |" in table
+        # every model against GPT at each width, at equal width and at equal parameters, in the table
+        from energyformer.experiments.stats import format_difference
+
+        assert len(results["differences"]) == 6
+        for d in results["differences"]:
+            cells = [format_difference(x) for what in ("gap_growth", "val_same") for x in d[what]]
+            assert f"| {d['comparison']} | {d['width']} | " + " | ".join(cells) + " |" in table
     # a second call, as on a fresh checkout (every trained run directory gone, only the records under
     # NAME/runs and the data left; inference_steps: those of its source experiments), reuses every
     # finished run from its record instead of training it again, and writes the same table
@@ -357,6 +364,34 @@ def test_shakespeare_scaling_gap_growth_reads_the_curve_after_one_epoch(tmp_path
     assert g["growth"] == pytest.approx(0.2)
     (tmp_path / "metrics.jsonl").write_text("")
     assert gap_growth(tmp_path, 90)["growth"] is None
+
+
+def test_shakespeare_scaling_compares_with_gpt_at_equal_width_and_at_equal_parameters():
+    """NRGPT has about a quarter of GPT's parameters at the same width, so "overfits less" is read at the
+    same width and against GPT's width curve (same seed, linear in log parameters) at NRGPT's size."""
+    import math
+
+    from energyformer.experiments.shakespeare_scaling import GAP_METRICS, matched_difference
+
+    def row(width, seed, params, growth, val=1.6):
+        return {"width": width, "seed": seed, "params": params, "gap": {"growth": growth}, "val_same": val}
+
+    results = {"GPT": [row(32, s, 50_000, 0.06 + d) for s, d in ((1, 0.0), (2, 0.01))]
+               + [row(64, s, 200_000, 0.12 + d) for s, d in ((1, 0.0), (2, 0.01))]
+               + [row(128, s, 800_000, 0.30 + d) for s, d in ((1, 0.0), (2, 0.01))],
+               "NRGPT FF2W": [row(32, 1, 20_000, 0.05), row(32, 2, 20_000, 0.04),
+                              row(128, 1, 400_000, 0.10), row(128, 2, 400_000, None)]}
+    growth = GAP_METRICS["gap_growth"]
+    width, params = matched_difference(results, "NRGPT FF2W", 128, growth)
+    # seed 2's missing growth drops that pair; 400k lies halfway in log size between GPT's 200k and 800k
+    assert width["n"] == 1 and math.isclose(width["mean"], 0.10 - 0.30)
+    assert params["n"] == 1 and math.isclose(params["mean"], 0.10 - (0.12 + 0.30) / 2)
+    width, params = matched_difference(results, "NRGPT FF2W", 32, growth)
+    assert width["n"] == 2 and math.isclose(width["mean"], ((0.05 - 0.06) + (0.04 - 0.07)) / 2)
+    assert width["lo"] is not None and width["lo"] < width["mean"] < width["hi"]
+    # 20k parameters lie below GPT's smallest width: no reading, not an extrapolation
+    assert params["mean"] is None and params["n"] == 0
+    assert matched_difference(results, "GPT_Rec_parallel", 32, growth)[0]["mean"] is None
 
 
 def test_listops_width_stage_trains_each_model_at_its_own_checked_lr(tmp_path, monkeypatch):
