@@ -11,7 +11,10 @@ held out (``DATA_ROOT/shakespeare_250k/shakespeare_char_speeches``: ≈ 198k tra
 from the same plays). The models train on that speech split. Reported per run: the fixed
 evaluation on the same-play held-out speeches and on the other plays (whole splits, kept weights),
 and from the training curve (the same 10 batches of each split at every evaluation) the same-play
-val − train gap after the first epoch, at the end, and its growth.
+val − train gap after the first epoch, at the end, and its growth. Each model is compared with GPT,
+paired by seed, at the same width and at equal parameters (:func:`matched_difference`: at the same
+d_model NRGPT and GPT_Rec_parallel have 28–35% of GPT's parameters, so a smaller gap growth at
+equal width alone does not separate the architecture from the size).
 
 Runs: the recipes ``configs/shakespeare_char/{nrgpt, gpt, gpt_rec_parallel}.yaml`` at d_model ∈
 {32, 64, 128} (4 heads), dropout 0.1, 2,750 steps × 32 × 128 ≈ 57 epochs, constant LR with a 10%
