@@ -38,7 +38,7 @@ from typing import Any
 from energyformer.experiments import common as ex
 from energyformer.experiments import convergence as conv
 from energyformer.experiments import report
-from energyformer.experiments.stats import format_difference, interpolate_log, paired_difference
+from energyformer.experiments.stats import format_difference, matched_difference, paired_difference
 from energyformer.experiments.sweeps import half_decade, lr_sweep, sweep_table
 
 #: label -> (recipe under configs/, LR of its family's earlier sweep (the centre of its check), seeds,
@@ -247,17 +247,12 @@ def _width_table(main) -> str:
 def matched_gap(main, label: str, ref: str, width: int, axis: str) -> dict[str, Any]:
     """Per seed: ``label``'s loss at ``width`` minus ``ref``'s curve (over its widths, that seed)
     read at the same ``axis`` (``"params"`` or ``"train_flops"``); paired over seeds."""
-    mine = _by(main, label=label, width=width)
-    diffs_a, diffs_b = {}, {}
-    for seed, r in mine.items():
-        curve = sorted((q[axis], q["val_loss"]) for q in main if q["label"] == ref and q["seed"] == seed
-                       and q["val_loss"] is not None)
-        if len(curve) < 2:
-            continue
-        at = interpolate_log([c[0] for c in curve], [c[1] for c in curve], r[axis])
-        if at is not None:
-            diffs_a[seed], diffs_b[seed] = at, r["val_loss"]
-    return paired_difference(diffs_a, diffs_b)
+    curves: dict[int, list[tuple[float, float]]] = {}
+    for q in main:
+        if q["label"] == ref and q["val_loss"] is not None:
+            curves.setdefault(q["seed"], []).append((q[axis], q["val_loss"]))
+    return matched_difference(curves, {s: (r[axis], r["val_loss"])
+                                       for s, r in _by(main, label=label, width=width).items()})
 
 
 def _gap_row(main, label: str, ref: str, width: int) -> list[Any]:

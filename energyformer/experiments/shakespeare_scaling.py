@@ -107,9 +107,9 @@ GAP_METRICS: dict[str, Callable[[dict[str, Any]], float | None]] = {
 def matched_difference(results: dict[str, list[dict[str, Any]]], label: str, width: int,
                        metric: Callable[[dict[str, Any]], float | None], ref: str = "GPT"
                        ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``label`` at ``width`` minus ``ref``, paired by seed (:func:`energyformer.experiments.stats.paired_difference`):
-    at the same width, and at equal parameters, where ``ref``'s curve over its widths (same seed, linear in
-    log parameters) is read at ``label``'s parameter count, with no reading outside ``ref``'s widths.
+    """``label`` at ``width`` minus ``ref``, paired by seed: at the same width, and at equal parameters
+    (:func:`energyformer.experiments.stats.matched_difference`: ``ref``'s curve over its widths, same seed,
+    linear in log parameters, read at ``label``'s parameter count; no reading outside ``ref``'s widths).
 
     Args:
         results: label → rows with ``"width"``, ``"seed"``, ``"params"`` and what ``metric`` reads.
@@ -118,21 +118,19 @@ def matched_difference(results: dict[str, list[dict[str, Any]]], label: str, wid
     Returns:
         ``(equal_width, equal_parameters)``, each ``{"mean", "lo", "hi", "sd", "n", "seeds"}``.
     """
-    from energyformer.experiments.stats import interpolate_log, paired_difference
+    from energyformer.experiments import stats
 
-    mine = {r["seed"]: r for r in results.get(label, []) if r["width"] == width and metric(r) is not None}
-    refs = [r for r in results.get(ref, []) if metric(r) is not None]
-    same = {r["seed"]: metric(r) for r in refs if r["width"] == width}
-    at_a, at_b = {}, {}
-    for seed, r in mine.items():
-        curve = sorted((q["params"], metric(q)) for q in refs if q["seed"] == seed)
-        if len(curve) < 2:
-            continue
-        at = interpolate_log([c[0] for c in curve], [c[1] for c in curve], r["params"])
-        if at is not None:
-            at_a[seed], at_b[seed] = at, metric(r)
-    return (paired_difference(same, {s: metric(r) for s, r in mine.items()}),
-            paired_difference(at_a, at_b))
+    mine = {r["seed"]: (r["params"], metric(r)) for r in results.get(label, [])
+            if r["width"] == width and metric(r) is not None}
+    curves: dict[int, list[tuple[float, float]]] = {}
+    same = {}
+    for r in results.get(ref, []):
+        if metric(r) is not None:
+            curves.setdefault(r["seed"], []).append((r["params"], metric(r)))
+            if r["width"] == width:
+                same[r["seed"]] = metric(r)
+    return (stats.paired_difference(same, {s: v for s, (_, v) in mine.items()}),
+            stats.matched_difference(curves, mine))
 
 
 def config(ctx: ex.Context, recipe: str, width: int, lr: float, steps: int, seed: int,

@@ -9,7 +9,9 @@
 - :func:`paired_difference`: the mean of per-seed differences between two arms trained on the
   same data order (seed s gives every model the same batches) with its 95% t-interval;
 - :func:`interpolate_log`: read a loss-vs-size curve at another size (linear in log size), for
-  comparisons at matched parameters or FLOPs.
+  comparisons at matched parameters or FLOPs;
+- :func:`matched_difference`: a model's value minus a reference family's curve read at the model's
+  size, paired by seed.
 """
 from __future__ import annotations
 
@@ -173,5 +175,29 @@ def interpolate_log(xs: Sequence[float], ys: Sequence[float], x: float) -> float
     return float(pts[0][1])
 
 
-__all__ = ["PLATEAU_REL", "format_difference", "interpolate_log", "linear_fit", "paired_difference", "plateau_test",
-           "t975"]
+def matched_difference(curves: Mapping[Any, Sequence[tuple[float, float]]],
+                       points: Mapping[Any, tuple[float, float]]) -> dict[str, Any]:
+    """Per seed: a model's value minus the reference family's curve (same seed) read at the model's size
+    (:func:`interpolate_log`), then paired over seeds (:func:`paired_difference`).
+
+    Args:
+        curves: seed → the reference's ``(size, value)`` points over its widths; fewer than 2 points,
+            or a size outside their range, gives no reading for that seed (no extrapolation).
+        points: seed → the model's ``(size, value)``.
+
+    Returns:
+        :func:`paired_difference`'s dict of ``model − reference at the model's size``.
+    """
+    ref_at, mine = {}, {}
+    for seed, (size, value) in points.items():
+        curve = sorted(curves.get(seed, ()))
+        if len(curve) < 2:
+            continue
+        at = interpolate_log([c[0] for c in curve], [c[1] for c in curve], size)
+        if at is not None:
+            ref_at[seed], mine[seed] = at, value
+    return paired_difference(ref_at, mine)
+
+
+__all__ = ["PLATEAU_REL", "format_difference", "interpolate_log", "linear_fit", "matched_difference",
+           "paired_difference", "plateau_test", "t975"]
